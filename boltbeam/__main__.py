@@ -1,0 +1,5 @@
+import sys
+
+from boltbeam.cli import main
+
+sys.exit(main())

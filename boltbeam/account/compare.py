@@ -1,0 +1,153 @@
+"""Two traces of one model, region by region: who wins each part of the token and by how much.
+
+A region's time is the per-token median of its summed kernel time. Weight kernels go to their
+role's region (roles.REGION_OF_ROLE); the rest by category: attention, the KV write and rope to
+"attention", norms without a role to "norms", everything else to "other". A region's floor sums the
+bound's floors the same way (the KV cache's to attention; the embedding row and activations to other).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+from boltbeam.account.tieout import kernels_by_token, role_of
+from boltbeam.bound.roofline import Bound
+from boltbeam.errors import Refused
+from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.read.roles import REGION_OF_ROLE
+
+REGIONS = ("qkv", "attn_output", "gate_up", "down", "norms", "attention", "vocabulary", "other")
+REGION_OF_CATEGORY = {"attention": "attention", "kv_write": "attention", "rope": "attention", "norm": "norms"}
+REGION_OF_FLOOR = {"kv_cache": "attention"}
+# Without roles a side's weight time all lands in "other": these regions then say nothing.
+ROLE_REGIONS = ("qkv", "attn_output", "gate_up", "down", "vocabulary", "other")
+
+
+def region_of(k: Kernel) -> str:
+    role = role_of(k)
+    if role:
+        return REGION_OF_ROLE.get(role, "other")
+    return REGION_OF_CATEGORY.get(k.category, "other")
+
+
+def region_floors(bound: Bound) -> dict[str, float]:
+    floors = dict.fromkeys(REGIONS, 0.0)
+    for line in bound.roles:
+        floors[REGION_OF_FLOOR.get(line.role) or REGION_OF_ROLE.get(line.role, "other")] += line.floor_us
+    return floors
+
+
+def region_times(trace: Trace) -> dict[str, float]:
+    """Per-token median of each region's summed kernel time."""
+    per_token = []
+    for kernels in kernels_by_token(trace).values():
+        d: dict[str, float] = defaultdict(float)
+        for k in kernels:
+            d[region_of(k)] += k.duration_us
+        per_token.append(d)
+    return {r: median(d.get(r, 0.0) for d in per_token) for r in REGIONS}
+
+
+@dataclass
+class Region:
+    region: str
+    a_us: float | None
+    b_us: float | None
+    diff_us: float | None      # b - a: positive when B is slower
+    winner: str | None         # "A", "B" or "tie"; None when the region cannot be compared
+    floor_us: float | None
+    a_gap_us: float | None = None   # distance from the floor
+    b_gap_us: float | None = None
+
+
+@dataclass
+class Comparison:
+    a_label: str
+    b_label: str
+    a_wall_us: float
+    b_wall_us: float
+    regions: list[Region]
+    incomparable: list[dict[str, str]]
+    floors_shown: bool
+    tokens: tuple[int, int]          # measured kernel tokens of A and B
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def net_us(self) -> float:
+        """Whole-token difference, B - A (medians of the graph-mode tokens)."""
+        return self.b_wall_us - self.a_wall_us
+
+    @property
+    def region_net_us(self) -> float | None:
+        diffs = [r.diff_us for r in self.regions if r.diff_us is not None]
+        return sum(diffs) if diffs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        region_net = self.region_net_us
+        return {"a_label": self.a_label, "b_label": self.b_label, "a_wall_us": self.a_wall_us,
+                "b_wall_us": self.b_wall_us, "net_us": self.net_us, "region_net_us": region_net,
+                "outside_kernels_us": None if region_net is None else self.net_us - region_net,
+                "winner": _winner(self.a_wall_us, self.b_wall_us), "method": "median per token",
+                "regions": [asdict(r) for r in self.regions], "incomparable": self.incomparable,
+                "floors_shown": self.floors_shown, "tokens": list(self.tokens), "notes": self.notes}
+
+
+def _winner(a: float, b: float) -> str:
+    return "tie" if a == b else "A" if a < b else "B"
+
+
+def label(trace: Trace) -> str:
+    env = trace.environment
+    parts = [env.get("engine"), trace.route.get("label"), env.get("device")]
+    return " | ".join(str(p) for p in dict.fromkeys(parts) if p) or "trace"
+
+
+def _why_incomparable(trace: Trace, side: str) -> tuple[tuple[str, ...], str] | None:
+    if not trace.kernels:
+        return REGIONS, f"{side} has whole-token figures only (no kernels)"
+    if not any(role_of(k) for k in trace.kernels):
+        return ROLE_REGIONS, f"{side}'s kernels name no weight roles: its weight time cannot be placed in regions"
+    return None
+
+
+def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
+    """Compare traces A and B region by region; floors when a bound is given."""
+    notes: list[str] = []
+    if not a.token_wall_us or not b.token_wall_us:
+        raise Refused("both traces need graph-mode token walls to compare whole tokens")
+    ctx_a, ctx_b = a.workload.get("context"), b.workload.get("context")
+    if ctx_a != ctx_b:
+        notes.append(f"the traces decoded at different contexts (A {ctx_a}, B {ctx_b}): attention is not like for like")
+    sha_a, sha_b = a.environment.get("model_sha256"), b.environment.get("model_sha256")
+    if sha_a and sha_b and sha_a != sha_b:
+        notes.append(f"the traces ran different model files (sha256 A {sha_a[:12]}…, B {sha_b[:12]}…)")
+
+    incomparable: dict[str, str] = {}
+    for trace, side in ((a, "A"), (b, "B")):
+        if found := _why_incomparable(trace, side):
+            regions, reason = found
+            for r in regions:
+                incomparable[r] = f"{incomparable[r]}; {reason}" if r in incomparable else reason
+    times_a = region_times(a) if a.kernels else None
+    times_b = region_times(b) if b.kernels else None
+    floors = region_floors(bound) if bound else None
+    if bound and ctx_a is not None and bound.context != ctx_a:
+        notes.append(f"floors are at context {bound.context}; A decoded at context {ctx_a}")
+
+    regions = []
+    for r in REGIONS:
+        ta = times_a[r] if times_a else None
+        tb = times_b[r] if times_b else None
+        fl = floors[r] if floors else None
+        comparable = r not in incomparable
+        regions.append(Region(region=r, a_us=ta, b_us=tb, diff_us=tb - ta if comparable else None,
+                              winner=_winner(ta, tb) if comparable else None, floor_us=fl,
+                              a_gap_us=None if ta is None or fl is None else ta - fl,
+                              b_gap_us=None if tb is None or fl is None else tb - fl))
+    return Comparison(a_label=label(a), b_label=label(b), a_wall_us=median(a.token_wall_us),
+                      b_wall_us=median(b.token_wall_us), regions=regions,
+                      incomparable=[{"region": r, "reason": why} for r, why in incomparable.items()],
+                      floors_shown=bound is not None, tokens=(len(a.kernel_tokens), len(b.kernel_tokens)),
+                      notes=notes)

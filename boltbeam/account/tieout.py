@@ -1,0 +1,385 @@
+"""The tie-out: one decode token's wall time split into measured lines that add up to it.
+
+Every figure is a per-token median over the trace's measured tokens (each line's own median; the
+residual shows what that costs). Every floor of the bound is counted once in the floor line and
+taken back out once, in the line that holds the measured time it bounds:
+
+  floor                      sum of the bound's floors (weight roles, KV cache, activations)
+  role lines                 a weight role's kernels minus its floor, with the cause of the gap
+  activations                minus its floor: inputs and outputs move inside the weight kernels
+  boundaries                 kernels that read no weights, one line per category; attention
+                             minus the KV cache's floor
+  gaps, host, overlap        the device timeline of the per-kernel pass: idle time between
+                             kernels, time outside the device span, kernels running together
+  graph                      graph-mode token minus per-kernel-pass token: two measured runs
+
+Per token, kernels + gaps - overlap + host = the per-kernel pass's wall, and that wall + graph is
+the graph token, so the lines close by construction; the residual is whatever the measurements
+leave, reported and never absorbed.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any, Iterable
+
+from boltbeam.bound.roofline import Bound
+from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput, Refused
+from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.report import fmt_bytes
+
+CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
+INFLATION_FRACTION = 0.01  # kernels summing past 101% of the graph token were inflated by their timing
+EXTRA_BYTES_FRACTION = 1.05
+LOAD_BYTES = 16            # bytes one thread has in flight per request: one wide (128-bit) load
+RESIDENT_FACT = "max_threads_per_multiprocessor"
+NON_WEIGHT_FLOORS = ("kv_cache", "activations")   # bound lines that are no weight role
+METHOD = "median per token"
+
+# Cause of each category of kernel that reads no weights: needed work is named for itself; a
+# launch, copy or conversion that need not exist is a "boundary".
+BOUNDARY_CAUSES = {"attention": "attention", "kv_write": "kv", "rope": "rope", "sampling": "sampling",
+                   "norm": "norm", "weights": "unattributed", "copy": "boundary",
+                   "elementwise": "boundary", "other": "boundary"}
+
+
+@dataclass
+class Line:
+    label: str
+    kind: str          # floor, role, boundary, gap, host, overlap, graph
+    us: float
+    cause: str
+    detail: str
+    role: str | None = None
+    measured_us: float | None = None
+    floor_us: float | None = None
+    kernels: int | None = None              # kernels per token behind the line
+    causes: list[str] = field(default_factory=list)   # every cause that applies, primary first
+
+
+@dataclass
+class Account:
+    wall_us: float             # median graph-mode token
+    floor_us: float
+    lines: list[Line]
+    kernel_sum_us: float       # median per token of the summed kernel durations
+    kernel_pass_wall_us: float | None
+    tokens_used: int
+    target: str
+    context: int
+    load_bytes: int
+    notes: list[str] = field(default_factory=list)
+    method: str = METHOD
+
+    @property
+    def residual_us(self) -> float:
+        return self.wall_us - sum(line.us for line in self.lines)
+
+    @property
+    def closed(self) -> bool:
+        return abs(self.residual_us) <= CLOSE_FRACTION * self.wall_us
+
+    @property
+    def inflation_us(self) -> float:
+        """How far the summed kernels exceed the graph token (0 when they fit)."""
+        return max(0.0, self.kernel_sum_us - self.wall_us)
+
+    @property
+    def refusals(self) -> list[str]:
+        reasons = []
+        if not self.closed:
+            r = self.residual_us
+            reasons.append(f"the account does not close: residual {r:+,.2f} µs is {abs(r) / self.wall_us:.1%} "
+                           f"of the {self.wall_us:,.2f} µs token (closing needs <= {CLOSE_FRACTION:.0%})")
+        if self.kernel_sum_us > (1 + INFLATION_FRACTION) * self.wall_us:
+            reasons.append(f"per-kernel timing inflated the kernels: they sum to {self.kernel_sum_us:,.2f} µs, "
+                           f"{self.inflation_us:,.2f} µs ({self.inflation_us / self.wall_us:.1%}) more than the "
+                           f"{self.wall_us:,.2f} µs graph token; time them on one device timeline, "
+                           f"synchronized once per token")
+        return reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"wall_us": self.wall_us, "floor_us": self.floor_us,
+                "lines": [asdict(line) for line in self.lines],
+                "residual_us": self.residual_us, "closed": self.closed,
+                "residual_fraction": self.residual_us / self.wall_us,
+                "kernel_sum_us": self.kernel_sum_us, "kernel_pass_wall_us": self.kernel_pass_wall_us,
+                "inflation_us": self.inflation_us, "tokens_used": self.tokens_used, "method": self.method,
+                "target": self.target, "context": self.context, "load_bytes_per_thread": self.load_bytes,
+                "refusals": self.refusals, "notes": self.notes}
+
+
+# --- kernels, grouped ------------------------------------------------------------------------
+
+def role_of(k: Kernel) -> str | None:
+    """The weight role a kernel's time counts toward: a weight kernel's role, or a norm's."""
+    return k.role if k.role and k.category in ("weights", "norm") else None
+
+
+def kernels_by_token(trace: Trace) -> dict[int, list[Kernel]]:
+    """Each measured token's kernels in launch order (index), tokens in order."""
+    groups: dict[int, list[Kernel]] = defaultdict(list)
+    for k in trace.kernels:
+        groups[k.token].append(k)
+    return {t: sorted(groups[t], key=lambda k: k.index) for t in sorted(groups)}
+
+
+def _median_of(per_token: Iterable[dict[str, float]], key: str) -> float:
+    return median(d.get(key, 0.0) for d in per_token)
+
+
+def _timeline(kernels: list[Kernel]) -> tuple[float, float, float, float] | None:
+    """(gaps, overlap, device span, biggest gap) of one token in start order, or None without starts.
+    The span runs to the end of the last kernel to start, so kernels + gaps - overlap = span exactly."""
+    if any(k.start_us is None for k in kernels):
+        return None
+    ks = sorted(kernels, key=lambda k: k.start_us)
+    gaps = overlap = biggest = 0.0
+    for a, b in zip(ks, ks[1:]):
+        d = b.start_us - (a.start_us + a.duration_us)
+        gaps += max(0.0, d)
+        overlap += max(0.0, -d)
+        biggest = max(biggest, d)
+    return gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest
+
+
+# --- causes of a role's gap ----------------------------------------------------------------------
+
+def _us(x: float) -> str:
+    return f"{x:,.1f} µs" if abs(x) >= 10 else f"{x:.3g} µs"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{fmt_bytes(bytes_per_s)}/s"
+
+
+def _prod(xs: list[int] | None) -> int:
+    return math.prod(xs) if xs else 1
+
+
+def launched_threads(global_size: list[int] | None, local_size: list[int] | None) -> int:
+    """tinygrad's global_size counts groups when a local size is given, threads when it is not."""
+    return _prod(global_size) * _prod(local_size) if local_size else _prod(global_size)
+
+
+@dataclass
+class _Cause:
+    name: str
+    sentence: str
+    explains_us: float   # how much of the gap this cause accounts for, to rank causes
+
+
+def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us: float, target: Target,
+              bandwidth: float, load_bytes: int) -> _Cause | str | None:
+    """Little's law on the launch geometry holding most of the role's time: a _Cause when it has
+    fewer bytes in flight than the memory needs, None when it has enough, a sentence when it cannot
+    be judged."""
+    latency = target.fact("memory_latency")
+    if latency is None:
+        return "the target lacks memory_latency: Little's law not applied"
+    time_by_shape: dict[tuple, float] = defaultdict(float)
+    for k in kernels:
+        if k.global_size:
+            time_by_shape[(tuple(k.global_size), tuple(k.local_size or ()))] += k.duration_us
+    if not time_by_shape:
+        return "no launch geometry in the trace: Little's law not applied"
+    global_size, local_size = (list(dims) for dims in max(time_by_shape, key=time_by_shape.get))
+    threads = launched_threads(global_size, local_size)
+    per_sm, sms = target.fact(RESIDENT_FACT), target.fact("multiprocessors")
+    resident = int(per_sm * sms) if per_sm and sms else None
+    in_flight = min(threads, resident or threads) * load_bytes
+    needed = bandwidth * latency
+    if in_flight >= needed:
+        return None
+    launch = (f"{_prod(global_size):,} groups of {_prod(local_size):,} threads = {threads:,} threads"
+              if local_size else f"{threads:,} threads (no local size)")
+    capped = f", capped at {resident:,} resident" if resident and threads > resident else ""
+    reach = in_flight / latency
+    least_us = moved_bytes / reach * 1e6
+    sentence = (f"starving: launches {launch}{capped}, at most {fmt_bytes(in_flight)} in flight ({load_bytes} B "
+                f"per thread, one wide load each: assumed); the memory needs {fmt_bytes(needed)} in flight "
+                f"({_rate(bandwidth)} x {latency * 1e9:,.0f} ns), {in_flight / needed:.1%} of it, so it can draw "
+                f"at most {_rate(reach)} and needs at least {_us(least_us)}")
+    if len(time_by_shape) > 1:
+        sentence += f" (the launch shape holding most of its time, of {len(time_by_shape)})"
+    return _Cause("starving", sentence, min(gap_us, max(0.0, least_us - floor_us)))
+
+
+def _causes(line, kernels: list[Kernel], moved_bytes: float | None, gap_us: float, target: Target,
+            bandwidth: float, load_bytes: int) -> tuple[list[_Cause], list[str]]:
+    """The causes that apply to a role's gap, primary first, and sentences on what could not be judged.
+    Rule: compute first when the floor is arithmetic (memory-side causes cannot be the limit);
+    otherwise whichever of starving and bytes explains more of the gap."""
+    causes: list[_Cause] = []
+    unjudged: list[str] = []
+    starving = _starving(kernels, moved_bytes or line.bytes, line.floor_us, gap_us, target, bandwidth, load_bytes)
+    if isinstance(starving, _Cause):
+        causes.append(starving)
+    elif starving:
+        unjudged.append(starving)
+    if moved_bytes is None:
+        unjudged.append("the trace gives no byte counts for its kernels: bytes not compared")
+    elif moved_bytes > EXTRA_BYTES_FRACTION * line.bytes:
+        extra = moved_bytes - line.bytes
+        causes.append(_Cause("bytes", f"bytes: moved {moved_bytes:,.0f} B, {extra:,.0f} B "
+                                      f"({moved_bytes / line.bytes:.2f}x) more than the floor's {line.bytes:,} B",
+                             min(gap_us, extra / bandwidth * 1e6)))
+    causes.sort(key=lambda c: -c.explains_us)
+    if line.limit == "compute":
+        causes.insert(0, _Cause("compute", f"compute: its arithmetic floor binds on {line.unit} "
+                                           f"({line.flops:,} operations: {_us(line.floor_compute_us)} against "
+                                           f"{_us(line.floor_memory_us)} for its bytes)", gap_us))
+    return causes, unjudged
+
+
+# --- the account -----------------------------------------------------------------------------------
+
+def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_BYTES) -> Account:
+    """Tie one decode token out: lines (per-token medians) that add up to the graph token."""
+    if not trace.kernels:
+        raise Refused("whole-token figures only: no kernels to account")
+    if not trace.token_wall_us:
+        raise Refused("the trace has no graph-mode token walls: nothing to tie the kernels out to")
+    if bound.batch != 1:
+        raise BadInput(f"the account ties out batch-1 decode tokens; the bound is for batch {bound.batch}")
+    notes: list[str] = []
+    context = trace.workload.get("context")
+    if context != bound.context:
+        notes.append(f"the trace decoded at context {context}; the bound is at context {bound.context}")
+    bandwidth = bound.bandwidth_bytes_per_s
+    groups = kernels_by_token(trace)
+    tokens = list(groups)
+
+    # Per token: each role's and each category's time and bytes, and the timeline.
+    per_token: list[dict[str, float]] = []
+    for kernels in groups.values():
+        d: dict[str, float] = defaultdict(float)
+        for k in kernels:
+            key = f"role:{role_of(k)}" if role_of(k) else f"cat:{k.category}"
+            d[key] += k.duration_us
+            d[f"n:{key}"] += 1
+            d[f"bytes:{key}"] += k.bytes or 0
+            d["kernels"] += k.duration_us
+        per_token.append(d)
+    timelines = [_timeline(ks) for ks in groups.values()]
+    timed = all(t is not None for t in timelines)
+    pass_walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(tokens) else None
+    if not timed:
+        notes.append("some kernels lack start_us: gaps, overlap and host time are not measured")
+    if not trace.kernel_pass_wall_us:
+        notes.append("the trace has no per-kernel-pass token walls: host time and the graph's saving are not measured")
+    elif pass_walls is None:
+        notes.append(f"{len(trace.kernel_pass_wall_us)} per-kernel-pass walls for {len(tokens)} kernel tokens: "
+                     f"host time is not measured")
+
+    by_role = {r.role: r for r in bound.roles}
+    trace_roles = {role_of(k) for k in trace.kernels} - {None}
+    unknown = sorted(trace_roles - by_role.keys())
+    if unknown:
+        notes.append(f"role(s) {', '.join(unknown)} are not in the model's census: counted with no floor")
+    kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
+    for k in trace.kernels:
+        if role_of(k):
+            kernels_of_role[role_of(k)].append(k)
+    bytes_known = {r: all(k.bytes is not None for k in ks) for r, ks in kernels_of_role.items()}
+
+    floor_us = bound.token_floor_us
+    floor = Line("floor", "floor", floor_us, "floor",
+                 f"the token's floor on {bound.target} at context {bound.context}, batch 1: {bound.bytes_per_step:,} B "
+                 f"at {_rate(bandwidth)} ({bound.bandwidth_fact}), or a role's arithmetic where that is slower",
+                 floor_us=floor_us)
+
+    roles: list[Line] = []
+    for role in [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS] + unknown:
+        key = f"role:{role}"
+        measured = _median_of(per_token, key)
+        bl = by_role.get(role)
+        role_floor = bl.floor_us if bl else 0.0
+        gap = measured - role_floor
+        n = round(_median_of(per_token, f"n:{key}"))
+        head = f"{role}: {n} kernel(s), {_us(measured)} against a floor of {_us(role_floor)}"
+        if not kernels_of_role[role]:
+            roles.append(Line(role, "role", gap, "no kernel", f"{role}: no kernel carries this role (fused into "
+                              f"another, or unnamed in the trace): its floor of {_us(role_floor)} is taken back out here",
+                              role=role, measured_us=measured, floor_us=role_floor, kernels=0))
+            continue
+        if bl is None:
+            roles.append(Line(role, "role", gap, "no floor", f"{head}: the model's census has no such role",
+                              role=role, measured_us=measured, floor_us=0.0, kernels=n))
+            continue
+        if gap < 0:
+            roles.append(Line(role, "role", gap, "below floor", f"{head}: faster than physics allows; "
+                              f"the trace's role labels or the target's bandwidth are wrong",
+                              role=role, measured_us=measured, floor_us=role_floor, kernels=n))
+            continue
+        moved = _median_of(per_token, f"bytes:{key}") if bytes_known[role] else None
+        causes, unjudged = _causes(bl, kernels_of_role[role], moved, gap, target, bandwidth, load_bytes)
+        if causes:
+            sentences = [c.sentence for c in causes]
+        else:
+            achieved = bl.bytes / measured * 1e6 if measured else 0.0
+            sentences = [f"unexplained: it draws {_rate(achieved)} for its floor's bytes, "
+                         f"{achieved / bandwidth:.1%} of {_rate(bandwidth)}"]
+        roles.append(Line(role, "role", gap, causes[0].name if causes else "unexplained",
+                          "; ".join([f"{head}: {_us(gap)} above it", *sentences, *unjudged]),
+                          role=role, measured_us=measured, floor_us=role_floor, kernels=n,
+                          causes=[c.name for c in causes] or ["unexplained"]))
+    if "activations" in by_role:
+        act = by_role["activations"]
+        roles.append(Line("activations", "role", -act.floor_us, "inside other kernels",
+                          f"activations: floor {_us(act.floor_us)} ({act.bytes:,} B of every weight table's input "
+                          f"and output); no kernel of its own: they move inside the kernels above, so their floor "
+                          f"is taken back out here", role="activations", measured_us=0.0, floor_us=act.floor_us,
+                          kernels=0))
+
+    boundaries: list[Line] = []
+    categories = sorted({k.category for k in trace.kernels if not role_of(k)} | {"attention"},
+                        key=list(BOUNDARY_CAUSES).index)
+    for cat in categories:
+        key = f"cat:{cat}"
+        measured, n = _median_of(per_token, key), round(_median_of(per_token, f"n:{key}"))
+        label = "weights (no role)" if cat == "weights" else cat
+        if cat == "attention" and "kv_cache" in by_role:
+            kv = by_role["kv_cache"]
+            boundaries.append(Line(label, "boundary", measured - kv.floor_us, "attention",
+                                   f"attention: {n} kernel(s), {_us(measured)} against the KV cache's floor of "
+                                   f"{_us(kv.floor_us)} ({kv.bytes:,} B read and written at context {bound.context})",
+                                   measured_us=measured, floor_us=kv.floor_us, kernels=n))
+            continue
+        what = {"unattributed": "they read weights but the trace names no role",
+                "boundary": "a launch, copy or conversion that need not exist"}.get(BOUNDARY_CAUSES[cat], "needed work")
+        boundaries.append(Line(label, "boundary", measured, BOUNDARY_CAUSES[cat],
+                               f"{label}: {n} kernel(s), {_us(measured)}: {what}", measured_us=measured, kernels=n))
+
+    overheads: list[Line] = []
+    if timed:
+        gaps = median(t[0] for t in timelines)
+        overlap = median(t[1] for t in timelines)
+        biggest = median(t[3] for t in timelines)
+        overheads.append(Line("gaps between kernels", "gap", gaps, "gap",
+                              f"idle device time between consecutive kernels (biggest gap {_us(max(0.0, biggest))})"))
+        if pass_walls:
+            host = median(w - t[2] for w, t in zip(pass_walls, timelines))
+            overheads.append(Line("host time outside the device span", "host", host, "host",
+                                  "the per-kernel pass's token wall minus its device span (first kernel's start to "
+                                  "the end of the last to start)"))
+        overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
+    pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
+    wall = median(trace.token_wall_us)
+    if pass_wall is not None:
+        overheads.append(Line("graph", "graph", wall - pass_wall, "graph",
+                              f"the JIT graph's saving, measured: graph token {_us(wall)} (median of "
+                              f"{len(trace.token_wall_us)}) minus per-kernel-pass token {_us(pass_wall)} (median of "
+                              f"{len(trace.kernel_pass_wall_us)})"))
+
+    roles.sort(key=lambda line: -line.us)
+    boundaries.sort(key=lambda line: -line.us)
+    if roles and target.fact(RESIDENT_FACT) is None:
+        notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
+    return Account(wall_us=wall, floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
+                   kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall,
+                   tokens_used=len(tokens), target=bound.target, context=bound.context, load_bytes=load_bytes,
+                   notes=notes)

@@ -1,0 +1,89 @@
+"""Measure the present device's memory bandwidth (and matrix rate) through the compiler, and write
+the result as a target entry with status `measured`. `host` is this, cached on first use."""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+import time
+from typing import Any
+
+from boltbeam.bound.targets import HOST, Target, _load_file, host_cache_path
+from boltbeam.errors import BadInput
+from boltbeam.files import write_atomic
+
+
+def _tinygrad():
+    try:
+        import tinygrad
+        return tinygrad
+    except ImportError:
+        raise BadInput("measuring a target needs tinygrad: pip install 'boltbeam[measure]'") from None
+
+
+def _median_s(fn, reps: int) -> tuple[float, list[float]]:
+    from tinygrad import Device
+    samples = []
+    for _ in range(reps):
+        Device[Device.DEFAULT].synchronize()
+        t0 = time.perf_counter()
+        fn()
+        Device[Device.DEFAULT].synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples), samples
+
+
+def measure(size_bytes: int, reps: int = 10, matmul_n: int = 0) -> dict[str, Any]:
+    """Read bandwidth (a sum over `size_bytes`), copy bandwidth (read + write) and, if matmul_n,
+    an fp16 matrix product's rate, each the median of `reps` timed runs after warm-up."""
+    _tinygrad()
+    from tinygrad import Device, Tensor, TinyJit, dtypes
+
+    n = size_bytes // 4
+    a = Tensor.rand(n, dtype=dtypes.float32).contiguous().realize()
+    read = TinyJit(lambda x: x.sum().realize())
+    copy = TinyJit(lambda x: (x + 1).realize())
+    for _ in range(3):  # the JIT captures on the second call; compile stays out of the numbers
+        read(a), copy(a)
+    read_s, read_samples = _median_s(lambda: read(a), reps)
+    copy_s, copy_samples = _median_s(lambda: copy(a), reps)
+    out: dict[str, Any] = {
+        "device": Device.DEFAULT, "size_bytes": n * 4,
+        "read_bandwidth": n * 4 / read_s, "read_samples_s": read_samples,
+        "copy_bandwidth": 2 * n * 4 / copy_s, "copy_samples_s": copy_samples,
+    }
+    if matmul_n:
+        x = Tensor.rand(matmul_n, matmul_n, dtype=dtypes.float16).realize()
+        y = Tensor.rand(matmul_n, matmul_n, dtype=dtypes.float16).realize()
+        mm = TinyJit(lambda p, q: (p @ q).realize())
+        for _ in range(3):
+            mm(x, y)
+        mm_s, mm_samples = _median_s(lambda: mm(x, y), reps)
+        out.update(matmul_n=matmul_n, matmul_fp16_rate=2 * matmul_n ** 3 / mm_s, matmul_samples_s=mm_samples)
+    return out
+
+
+def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
+    """A target entry (TOML) from a measurement; the better of read and copy bandwidth is the one floors use."""
+    from importlib.metadata import version
+    today = dt.date.today().isoformat()
+    src = f"boltbeam measure-target through tinygrad {version('tinygrad')} on {m['device']}, {m['size_bytes']:,} bytes"
+    bw = max(m["read_bandwidth"], m["copy_bandwidth"])
+    lines = [f"[{name}]", f'description = "{description}"',
+             f'memory_bandwidth = {{ value = {bw:.4g}, unit = "B/s", status = "measured", '
+             f'source = "{src}: best of read and copy, median of {len(m["read_samples_s"])}", date = "{today}" }}',
+             f'measured_bandwidth = {{ value = {bw:.4g}, unit = "B/s", status = "measured", source = "{src}", date = "{today}" }}',
+             f'read_bandwidth = {{ value = {m["read_bandwidth"]:.4g}, unit = "B/s", status = "measured", source = "{src}: sum", date = "{today}" }}',
+             f'copy_bandwidth = {{ value = {m["copy_bandwidth"]:.4g}, unit = "B/s", status = "measured", source = "{src}: x + 1, read + write counted", date = "{today}" }}']
+    if "matmul_fp16_rate" in m:
+        lines.append(f'measured_matmul_fp16 = {{ value = {m["matmul_fp16_rate"]:.4g}, unit = "FLOP/s", status = "measured", '
+                     f'source = "{src}: {m["matmul_n"]}^3 fp16 matmul, tinygrad default kernels (a lower bound on the chip)", date = "{today}" }}')
+    return "\n".join(lines) + "\n"
+
+
+def measure_host() -> Target:
+    """The machine at hand, measured once and cached."""
+    m = measure(size_bytes=256 << 20, reps=7)
+    text = target_toml(HOST, f"this machine ({platform.machine()}, {platform.processor() or 'cpu'})", m)
+    write_atomic(host_cache_path(), text)
+    return _load_file(text, str(host_cache_path()))[HOST]

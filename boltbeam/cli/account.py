@@ -1,0 +1,145 @@
+"""`boltbeam account` (the tie-out of one token) and `boltbeam compare` (two traces region by region)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.markup import escape
+
+from boltbeam.errors import BadInput, Refused
+from boltbeam.measure.trace import Trace
+from boltbeam.report import console, print_json, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("account", help="tie one decode token out: every µs to a cause, lines adding up to the wall",
+                       description="The tie-out of one token (per-token medians over the trace's measured tokens): "
+                                   "floor, each weight role's gap above its floor with its cause, kernels that move "
+                                   "no weights, gaps, host time, overlap and the graph's saving; the residual is "
+                                   "reported, and an account that does not close is refused (exit 3).")
+    p.add_argument("trace", metavar="TRACE.json")
+    _model_flags(p)
+    p.add_argument("--target", required=True, help="a target name (see `boltbeam targets`)")
+    p.add_argument("--no-hash-check", action="store_true",
+                   help="skip checking the trace's model_sha256 against the model file")
+    p.add_argument("--load-bytes", type=int, default=16, metavar="B",
+                   help="bytes one thread has in flight per request, for Little's law (default 16: a wide load)")
+    p.add_argument("--json", action="store_true", help="print the account as JSON")
+    p.set_defaults(func=run_account)
+
+    p = sub.add_parser("compare", help="two traces of one model, region by region: who wins where, by how much",
+                       description="Region by region in µs per token (per-token medians), the winner of each, the "
+                                   "net, and each region's distance from its floor (with --model and --target).")
+    p.add_argument("trace_a", metavar="TRACE_A.json")
+    p.add_argument("trace_b", metavar="TRACE_B.json")
+    _model_flags(p)
+    p.add_argument("--target", help="a target name, for floors (with --model)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=run_compare)
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="MODEL.gguf",
+                   help="the model the trace ran (account's default: the trace's model_path when that file "
+                        "exists, else the embedded SmolLM2-135M Q4_1 model)")
+    p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
+
+
+def _bound_for(model: str, args: argparse.Namespace, trace: Trace):
+    from boltbeam.bound.roofline import bound
+    from boltbeam.bound.targets import get_target
+    from boltbeam.read.census import take_census
+    target = get_target(args.target, args.targets)
+    context = trace.workload.get("context") or 0
+    return bound(take_census(model), target, context=context, batch=1), target
+
+
+def _check_model(trace: Trace, model: str) -> None:
+    """Refuse when the trace says it ran a different file (both hashes known)."""
+    from boltbeam.files import sha256_file
+    expected = trace.environment.get("model_sha256")
+    if expected and (actual := sha256_file(model)) != expected:
+        raise Refused(f"the trace ran a different model: its model_sha256 is {expected[:16]}…, "
+                      f"{model} hashes to {actual[:16]}… (--no-hash-check to account anyway)")
+
+
+def run_account(args: argparse.Namespace) -> int:
+    from boltbeam.account.tieout import account
+    from boltbeam.cli.read import default_model
+    from boltbeam.measure import trace as tracefile
+    if args.load_bytes < 1:
+        raise BadInput("--load-bytes must be >= 1")
+    trace = tracefile.load(args.trace)
+    trace_model = trace.environment.get("model_path")
+    model = args.model or (trace_model if trace_model and Path(trace_model).is_file() else default_model())
+    b, target = _bound_for(model, args, trace)
+    if not args.no_hash_check:
+        _check_model(trace, model)
+    acc = account(trace, b, target, load_bytes=args.load_bytes)
+    if args.json:
+        print_json({"trace": args.trace, "model": model, **acc.to_dict()})
+    else:
+        _print_account(acc, args.trace, model)
+    if acc.refusals:
+        raise Refused("; ".join(acc.refusals))
+    return 0
+
+
+def _print_account(acc, trace_path: str, model: str) -> None:
+    c = console()
+    rows = [(line.label, f"{line.us:,.2f}", f"{line.us / acc.wall_us:.1%}", line.cause, escape(line.detail))
+            for line in acc.lines]
+    rows.append(("residual", f"{acc.residual_us:,.2f}", f"{acc.residual_us / acc.wall_us:.1%}",
+                 "closed" if acc.closed else "NOT CLOSED", "the wall minus every line above: computed, never a plug"))
+    rows.append(("wall", f"{acc.wall_us:,.2f}", "100.0%", "", "the graph-mode token as users get it"))
+    c.print(table(f"Tie-out of one token of {escape(trace_path)} on {acc.target}, context {acc.context} "
+                  f"({acc.method}, {acc.tokens_used} token(s)); roles biggest gap first",
+                  ["line", "µs", "of wall", "cause", "detail"], rows, right=(1, 2)))
+    c.print(f"model {escape(model)}; floor {acc.floor_us:,.2f} µs = {acc.floor_us / acc.wall_us:.1%} of the "
+            f"{acc.wall_us:,.2f} µs token; kernels sum to {acc.kernel_sum_us:,.2f} µs")
+    for note in acc.notes:
+        c.print(f"note: {escape(note)}")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from boltbeam.account.compare import compare
+    from boltbeam.measure import trace as tracefile
+    if bool(args.model) != bool(args.target):
+        raise BadInput("floors need both --model and --target (or neither)")
+    a, b = tracefile.load(args.trace_a), tracefile.load(args.trace_b)
+    bound = _bound_for(args.model, args, a)[0] if args.model else None
+    cmp = compare(a, b, bound)
+    if args.json:
+        print_json({"trace_a": args.trace_a, "trace_b": args.trace_b, **cmp.to_dict()})
+        return 0
+    _print_compare(cmp, args.trace_a, args.trace_b)
+    return 0
+
+
+def _num(x: float | None, signed: bool = False) -> str:
+    return "" if x is None else f"{x:+,.2f}" if signed else f"{x:,.2f}"
+
+
+def _print_compare(cmp, path_a: str, path_b: str) -> None:
+    c = console()
+    c.print(f"A: {escape(path_a)} ({escape(cmp.a_label)})\nB: {escape(path_b)} ({escape(cmp.b_label)})")
+    rows = [(r.region, _num(r.a_us), _num(r.b_us), _num(r.diff_us, True),
+             "" if r.winner is None else r.winner if r.winner == "tie"
+             else f"{r.winner} by {abs(r.diff_us):,.2f} µs" + (f" ({abs(r.diff_us) / max(r.a_us, r.b_us):.0%})"
+                                                               if max(r.a_us, r.b_us) else ""),
+             _num(r.floor_us), _num(r.a_gap_us), _num(r.b_gap_us)) for r in cmp.regions]
+    c.print(table("Regions, µs per token (median per token)",
+                  ["region", "A µs", "B µs", "B - A", "winner", "floor µs", "A above floor", "B above floor"],
+                  rows, right=(1, 2, 3, 5, 6, 7)))
+    d = cmp.to_dict()
+    c.print(f"whole token: A {cmp.a_wall_us:,.2f} µs, B {cmp.b_wall_us:,.2f} µs; net B - A {cmp.net_us:+,.2f} µs "
+            f"({'tie' if d['winner'] == 'tie' else d['winner'] + ' wins'})")
+    if cmp.region_net_us is not None:
+        c.print(f"regions sum to {cmp.region_net_us:+,.2f} µs of it; {d['outside_kernels_us']:+,.2f} µs lies outside "
+                f"the compared kernels (gaps, host, graph, incomparable regions)")
+    if not cmp.floors_shown:
+        c.print("floors are not shown: pass --model and --target")
+    for item in cmp.incomparable:
+        c.print(f"cannot compare {item['region']}: {escape(item['reason'])}")
+    for note in cmp.notes:
+        c.print(f"note: {escape(note)}")

@@ -1,0 +1,150 @@
+"""`boltbeam profile` (tinygrad runs the model), `boltbeam import KIND FILE --out TRACE.json` (other
+engines' measurements) and `boltbeam export-trace TRACE.json --chrome OUT.json` (a trace out to Perfetto)."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from typing import Any
+
+from boltbeam import report
+from boltbeam.measure import trace as tracefile
+from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
+                                        import_nsys_gpu_trace)
+from boltbeam.measure.trace import Trace
+from boltbeam.report.chrome import TOKEN_TID, write_chrome
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    _register_profile(sub)
+    _register_import(sub)
+    _register_export_trace(sub)
+
+
+# --- profile ------------------------------------------------------------------------------------
+
+def _register_profile(sub: argparse._SubParsersAction) -> None:
+    from boltbeam.cli.read import model_arg
+    p = sub.add_parser("profile", help="decode through tinygrad: whole-token walls and every kernel, one trace")
+    model_arg(p)
+    p.add_argument("--device", required=True, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
+    p.add_argument("--context", type=int, default=0, metavar="N", help="prompt length: KV depth before decoding")
+    p.add_argument("--tokens", type=int, default=10, metavar="K", help="measured tokens per pass (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
+    p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
+    p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from boltbeam.cli.read import resolve_model
+    model = resolve_model(args)
+    # tinygrad reads its device from the environment when first imported.
+    os.environ["DEV"] = args.device
+    from boltbeam.measure.tinygrad_run import profile
+    total = 2 * (args.warmup + args.tokens)
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=report.console(), transient=True) as bar:
+        task = bar.add_task("loading and compiling", total=total)
+        trace = profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
+                        model_hash=not args.no_hash,
+                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+    tracefile.save(trace, args.out)
+    summary = import_summary(trace, args.out)
+    if args.json:
+        report.print_json(summary)
+        return 0
+    rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "notes"]
+    report.console().print(report.table(f"profiled {model}", ["field", "value"], rows))
+    return 0
+
+
+# --- import -------------------------------------------------------------------------------------
+
+def _register_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="turn another engine's measurements into a BoltBeam trace")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+
+    def kind(name: str, help: str) -> argparse.ArgumentParser:
+        k = kinds.add_parser(name, help=help, description=help)
+        k.add_argument("file", metavar="FILE")
+        k.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
+        k.add_argument("--json", action="store_true", help="print the summary as JSON")
+        return k
+
+    k = kind("llama-bench", "llama-bench -o json output (whole-token walls per repetition)")
+    k.add_argument("--depth", type=int, metavar="N", help="the decode test at KV depth N (n_depth)")
+    k.set_defaults(func=_import, read=lambda a: import_llama_bench(a.file, depth=a.depth))
+
+    k = kind("chrome", "Chrome trace JSON as torch.profiler (Kineto) writes it")
+    k.add_argument("--tokens", type=int, metavar="K",
+                   help="decode tokens in the trace: kernels split into K equal counts when no "
+                        "annotation marks tokens; else checked against the annotations")
+    k.add_argument("--token-marker", default=DEFAULT_TOKEN_MARKER, metavar="REGEX",
+                   help=f"user annotations whose name matches mark one token each (default {DEFAULT_TOKEN_MARKER!r})")
+    _run_flags(k)
+    k.set_defaults(func=_import, read=lambda a: import_chrome_trace(
+        a.file, tokens=a.tokens, token_marker=a.token_marker, engine=a.engine, context=a.context, batch=a.batch))
+
+    k = kind("nsys", "Nsight Systems CSV: nsys stats --report cuda_gpu_trace --format csv")
+    k.add_argument("--tokens", type=int, required=True, metavar="K",
+                   help="decode tokens in the table: its GPU operations split into K equal counts")
+    _run_flags(k)
+    k.set_defaults(func=_import, read=lambda a: import_nsys_gpu_trace(
+        a.file, tokens=a.tokens, engine=a.engine, context=a.context, batch=a.batch))
+
+
+def _run_flags(k: argparse.ArgumentParser) -> None:
+    """What a profiler trace does not record about the run."""
+    k.add_argument("--engine", help="the engine that ran the model (e.g. vllm, tinygrad)")
+    k.add_argument("--context", type=int, metavar="N", help="KV depth the tokens decoded at")
+    k.add_argument("--batch", type=int, metavar="B", help="sequences decoded per step")
+
+
+def import_summary(trace: Trace, out: str) -> dict[str, Any]:
+    walls = trace.token_wall_us
+    return {"out": out, "source": trace.provenance["source"], "engine": trace.environment.get("engine"),
+            "device": trace.environment.get("device"), "context": trace.workload.get("context"),
+            "token_walls": len(walls), "median_token_wall_us": statistics.median(walls) if walls else None,
+            "kernels": len(trace.kernels), "kernel_tokens": len(trace.kernel_tokens),
+            "notes": trace.provenance.get("notes", [])}
+
+
+def _import(args: argparse.Namespace) -> int:
+    trace = args.read(args)
+    tracefile.save(trace, args.out)
+    summary = import_summary(trace, args.out)
+    if args.json:
+        report.print_json(summary)
+        return 0
+    rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "notes"]
+    report.console().print(report.table(f"imported {args.file}", ["field", "value"], rows))
+    for note in summary["notes"]:
+        report.console().print(f"  note: {note}")
+    return 0
+
+
+# --- export-trace -------------------------------------------------------------------------------
+
+def _register_export_trace(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export-trace", help="write a BoltBeam trace as Chrome trace JSON for Perfetto")
+    p.add_argument("trace", metavar="TRACE.json")
+    p.add_argument("--chrome", required=True, metavar="OUT.json", help="where to write the Chrome trace")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_export_trace)
+
+
+def _export_trace(args: argparse.Namespace) -> int:
+    trace = tracefile.load(args.trace)
+    events = write_chrome(trace, args.chrome)["traceEvents"]
+    summary = {"out": args.chrome, "events": len(events), "kernels": len(trace.kernels),
+               "tokens": sum(1 for e in events if e["ph"] == "X" and e["tid"] == TOKEN_TID)}
+    if args.json:
+        report.print_json(summary)
+    else:
+        report.console().print(f"wrote {summary['events']} events ({summary['kernels']} kernels, "
+                               f"{summary['tokens']} tokens) to {args.chrome}; open it in ui.perfetto.dev")
+    return 0

@@ -1,0 +1,374 @@
+"""The judge: did the change help? Two traces (baseline A, candidate B) and a checks file in, exactly
+one of the eight verdicts out, each with its reasons in plain sentences and the numbers behind them.
+
+promote needs five gates to pass, each read from the traces and the checks:
+
+  correct  the candidate's output tokens match the baseline's (within `token_tolerance`)
+  route    the candidate's route label (provenance of what executed) is `expected_route`
+  faster   the whole token is faster beyond noise: a one-sided Mann-Whitney U test at `alpha` AND both
+           ends of the bootstrap interval of the median's relative change beyond `threshold`
+  memory   the candidate's peak_bytes fits capacity_bytes (from the checks, else the trace)
+  switch   the candidate's route names the switch that turns it off
+
+The verdict, first rule that applies:
+
+  adapter-incomplete       the evidence cannot be read safely: a trace with no samples, A and B on
+                           different workloads or models, or a measurement error (a token faster than
+                           its physics floor); the CLI refuses (exit 3) on a measurement error
+  diagnostic               B ran the same route as A: a measurement of noise, no claim about a change
+  search-space-incomplete  the checks say the search space cannot express the candidate yet
+  refute                   a gate failed firmly (wrong tokens, silent fallback, slower, memory over)
+  inconclusive             a gate has no evidence, or the change is inside noise
+  defer                    every gate passed but the win waits on `missing_capability`
+  promote                  every gate passed
+(`candidate`, "worth timing, not judged yet", belongs to the search; the judge never gives it.)
+Samples should be interleaved A/B runs (the measurer's job): the test assumes both saw the same machine.
+
+Checks file: one JSON object; every key is optional and an unknown key is bad input (catches typos).
+
+  expected_route      str    the route label the candidate must carry; without it, route has no evidence
+  token_tolerance     float  fraction of output tokens allowed to differ (sampled output); default 0
+  threshold           float  smallest relative change of the median token that counts; default 0.01
+  alpha               float  significance level of the one-sided test; default 0.05 (interval 1 - alpha)
+  capacity_bytes      int    memory on the target; overrides the candidate trace's memory.capacity_bytes
+  token_floor_us      float  physics floor of one whole token, µs; a measured token below it is an error
+  role_floors_us      {role: float}  floor per weight role and token, µs, checked on the per-kernel pass
+  expressible         bool   false when the search space cannot express the candidate yet; default true
+  expressible_reason  str    why not; required when expressible is false
+  missing_capability  str    the capability a win waits on: a candidate that would promote is deferred
+  candidate_id        str    the id the ledger records; default the candidate's route label
+  reopen              str    when a refuted or inexpressible idea may be tried again; default written
+                             from what failed
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from boltbeam.errors import BadInput
+from boltbeam.files import load_json
+from boltbeam.judge.verdicts import (ADAPTER_INCOMPLETE, DEFER, DIAGNOSTIC, INCONCLUSIVE, NEEDS_REOPEN,
+                                     PROMOTE, REFUTE, SEARCH_SPACE_INCOMPLETE)
+from boltbeam.measure.trace import Trace
+
+PASS, FAIL, NO_EVIDENCE = "pass", "fail", "no-evidence"
+MIN_SAMPLES = 5                 # per side; fewer is no evidence about speed
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0              # fixed: the same traces always get the same interval and verdict
+MEASUREMENT_ERROR = "measurement error:"
+
+# Workload facts that must match between A and B for the comparison to mean anything.
+SAME_WORKLOAD = (("workload", "context"), ("workload", "batch"), ("environment", "model_sha256"))
+
+# When a refuted idea may come back, by the gate that failed (used when the checks give no `reopen`).
+REOPEN_WHEN = {
+    "correct": "the route produces the baseline's output tokens",
+    "route": "the intended route runs without falling back",
+    "faster": "a new compiler, target or workload could make the whole token faster beyond noise",
+    "memory": "its peak memory fits the target's capacity",
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_text(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+# Each checks key: the test its value must pass, and what the error says it must be.
+_CHECK_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "expected_route": (_is_text, "a non-empty string"),
+    "token_tolerance": (lambda v: _is_number(v) and 0 <= v <= 1, "a fraction between 0 and 1"),
+    "threshold": (lambda v: _is_number(v) and 0 <= v < 1, "a fraction in [0, 1)"),
+    "alpha": (lambda v: _is_number(v) and 0 < v < 1, "a probability strictly between 0 and 1"),
+    "capacity_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "token_floor_us": (lambda v: _is_number(v) and v > 0, "a positive number of µs"),
+    "role_floors_us": (lambda v: isinstance(v, dict) and all(_is_text(k) and _is_number(x) and x > 0 for k, x in v.items()),
+                       "an object of role -> positive µs"),
+    "expressible": (lambda v: isinstance(v, bool), "true or false"),
+    "expressible_reason": (_is_text, "a non-empty string"),
+    "missing_capability": (_is_text, "a non-empty string"),
+    "candidate_id": (_is_text, "a non-empty string"),
+    "reopen": (_is_text, "a non-empty string"),
+}
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the candidate is held to; the keys of the checks file (see the module docstring)."""
+    expected_route: str | None = None
+    token_tolerance: float = 0.0
+    threshold: float = 0.01
+    alpha: float = 0.05
+    capacity_bytes: int | None = None
+    token_floor_us: float | None = None
+    role_floors_us: dict[str, float] = field(default_factory=dict)
+    expressible: bool = True
+    expressible_reason: str | None = None
+    missing_capability: str | None = None
+    candidate_id: str | None = None
+    reopen: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "checks") -> Checks:
+        if not isinstance(d, dict):
+            raise BadInput(f"{where}: must be a JSON object")
+        for key, value in d.items():
+            if key not in _CHECK_KEYS:
+                raise BadInput(f"{where}: unknown key {key!r} (known: {', '.join(_CHECK_KEYS)})")
+            valid, what = _CHECK_KEYS[key]
+            if not valid(value):
+                raise BadInput(f"{where}: {key!r} must be {what}, not {value!r}")
+        if d.get("expressible") is False and "expressible_reason" not in d:
+            raise BadInput(f"{where}: 'expressible' is false but 'expressible_reason' does not say why")
+        return cls(**d)
+
+
+def load_checks(path: str) -> Checks:
+    return Checks.from_dict(load_json(path, "checks"), where=f"checks {path}")
+
+
+class Gate(NamedTuple):
+    status: str       # PASS, FAIL or NO_EVIDENCE
+    sentence: str     # what was found, with its numbers
+
+
+@dataclass
+class Effect:
+    """The whole token, B against A: medians, relative change with its bootstrap interval, p-values."""
+    baseline_median_us: float
+    candidate_median_us: float
+    relative_change: float      # (median B - median A) / median A; negative is faster
+    ci_low: float
+    ci_high: float
+    confidence: float
+    p_faster: float             # one-sided Mann-Whitney U: B's tokens shorter than A's
+    p_slower: float
+
+    def describe(self) -> str:
+        return (f"median {self.baseline_median_us:,.1f} µs -> {self.candidate_median_us:,.1f} µs, "
+                f"{self.relative_change:+.2%} ({self.confidence:.0%} interval {self.ci_low:+.2%} to "
+                f"{self.ci_high:+.2%}), one-sided Mann-Whitney p(faster) = {self.p_faster:.3g}, "
+                f"p(slower) = {self.p_slower:.3g}")
+
+
+@dataclass
+class Judgement:
+    verdict: str
+    reasons: list[str]
+    gates: dict[str, Gate]      # empty when the evidence could not be read
+    effect: Effect | None
+    numbers: dict[str, Any]
+    candidate_id: str
+    scope: dict[str, Any]       # what the verdict applies to, as the ledger records it
+    reopen: str | None          # set for the verdicts that close an idea
+
+    @property
+    def measurement_error(self) -> bool:
+        return any(r.startswith(MEASUREMENT_ERROR) for r in self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reasons": self.reasons,
+                "gates": {name: g._asdict() for name, g in self.gates.items()},
+                "effect": asdict(self.effect) if self.effect else None, "numbers": self.numbers,
+                "candidate_id": self.candidate_id, "scope": self.scope, "reopen": self.reopen}
+
+
+def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judgement:
+    """The verdict on candidate B against baseline A. Pure: the same inputs give the same judgement."""
+    problems = unreadable(baseline, candidate, checks)
+    effect = None
+    if not problems and min(len(baseline.token_wall_us), len(candidate.token_wall_us)) >= MIN_SAMPLES:
+        effect = measure_effect(baseline.token_wall_us, candidate.token_wall_us, checks.alpha)
+    gates = {} if problems else {
+        "correct": correct_gate(baseline, candidate, checks.token_tolerance),
+        "route": route_gate(candidate, checks.expected_route),
+        "faster": faster_gate(effect, baseline, candidate, checks),
+        "memory": memory_gate(candidate, checks.capacity_bytes),
+        "switch": switch_gate(candidate),
+    }
+    verdict, reasons = _decide(baseline, candidate, checks, problems, gates)
+    reopen = None
+    if verdict in NEEDS_REOPEN:
+        reopen = checks.reopen or _default_reopen(verdict, gates, checks)
+    return Judgement(verdict=verdict, reasons=reasons, gates=gates, effect=effect,
+                     numbers=_numbers(baseline, candidate, checks),
+                     candidate_id=checks.candidate_id or str(candidate.route.get("label") or "unlabelled"),
+                     scope=scope_of(candidate), reopen=reopen)
+
+
+def _decide(baseline: Trace, candidate: Trace, checks: Checks, problems: list[str],
+            gates: dict[str, Gate]) -> tuple[str, list[str]]:
+    if problems:
+        return ADAPTER_INCOMPLETE, problems
+    if baseline.route == candidate.route:
+        return DIAGNOSTIC, [f"the candidate ran the same route as the baseline ({candidate.route.get('label')!r}, "
+                            "same switch and settings): a measurement of noise, not a change",
+                            gates["faster"].sentence]
+    if not checks.expressible:
+        return SEARCH_SPACE_INCOMPLETE, [f"the search space cannot express this candidate yet: {checks.expressible_reason}"]
+    if failed := [g.sentence for g in gates.values() if g.status == FAIL]:
+        return REFUTE, failed
+    if missing := [g.sentence for g in gates.values() if g.status == NO_EVIDENCE]:
+        return INCONCLUSIVE, missing
+    passed = [g.sentence for g in gates.values()]
+    if checks.missing_capability:
+        return DEFER, [f"every gate passed, but the win waits on a missing capability: {checks.missing_capability}", *passed]
+    return PROMOTE, passed
+
+
+def unreadable(baseline: Trace, candidate: Trace, checks: Checks) -> list[str]:
+    """Why the two traces cannot be compared safely; empty when they can."""
+    problems = []
+    sides = (("baseline", baseline), ("candidate", candidate))
+    for name, trace in sides:
+        if not trace.token_wall_us:
+            problems.append(f"the {name} trace holds no whole-token samples")
+    for part, key in SAME_WORKLOAD:
+        a, b = getattr(baseline, part).get(key), getattr(candidate, part).get(key)
+        if a != b:
+            problems.append(f"the traces measured different workloads: {key} is {a!r} in the baseline, "
+                            f"{b!r} in the candidate")
+    for name, trace in sides:
+        problems += _below_floor(name, trace, checks)
+    return problems
+
+
+def _below_floor(name: str, trace: Trace, checks: Checks) -> list[str]:
+    """Tokens (or a role's kernels within one token) measured faster than physics allows."""
+    errors = []
+    fastest = min(trace.token_wall_us, default=None)
+    if fastest is not None and fastest <= 0:
+        errors.append(f"{MEASUREMENT_ERROR} the {name} trace holds a token of {fastest:g} µs")
+    elif fastest is not None and checks.token_floor_us is not None and fastest < checks.token_floor_us:
+        below = sum(t < checks.token_floor_us for t in trace.token_wall_us)
+        errors.append(f"{MEASUREMENT_ERROR} {below} of the {name}'s {len(trace.token_wall_us)} tokens are faster "
+                      f"than the physics floor of {checks.token_floor_us:,.1f} µs (fastest {fastest:,.1f} µs)")
+    role_us: dict[tuple[int, str], float] = defaultdict(float)
+    for k in trace.kernels:
+        if k.role in checks.role_floors_us:
+            role_us[k.token, k.role] += k.duration_us
+    for (token, role), us in sorted(role_us.items()):
+        if us < checks.role_floors_us[role]:
+            errors.append(f"{MEASUREMENT_ERROR} {role} took {us:,.1f} µs in the {name}'s token {token}, "
+                          f"below its floor of {checks.role_floors_us[role]:,.1f} µs")
+    return errors
+
+
+def _relative_median_change(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    median_a = np.median(a, axis=axis)
+    return (np.median(b, axis=axis) - median_a) / median_a
+
+
+def measure_effect(baseline_us: list[float], candidate_us: list[float], alpha: float) -> Effect:
+    a, b = np.asarray(baseline_us, dtype=float), np.asarray(candidate_us, dtype=float)
+    interval = stats.bootstrap((a, b), _relative_median_change, vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
+                               confidence_level=1 - alpha, method="percentile",
+                               rng=np.random.default_rng(BOOTSTRAP_SEED)).confidence_interval
+    return Effect(baseline_median_us=float(np.median(a)), candidate_median_us=float(np.median(b)),
+                  relative_change=float(_relative_median_change(a, b)),
+                  ci_low=float(interval.low), ci_high=float(interval.high), confidence=1 - alpha,
+                  p_faster=float(stats.mannwhitneyu(b, a, alternative="less").pvalue),
+                  p_slower=float(stats.mannwhitneyu(b, a, alternative="greater").pvalue))
+
+
+def _token_mismatch(baseline: Trace, candidate: Trace) -> tuple[int, int]:
+    """(tokens differing, tokens compared); a length difference counts as differing tokens."""
+    a, b = baseline.output_tokens or [], candidate.output_tokens or []
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)), max(len(a), len(b))
+
+
+def correct_gate(baseline: Trace, candidate: Trace, tolerance: float) -> Gate:
+    for name, trace in (("baseline", baseline), ("candidate", candidate)):
+        if not trace.output_tokens:
+            return Gate(NO_EVIDENCE, f"the {name} trace records no output tokens, so correctness is unchecked")
+    differing, compared = _token_mismatch(baseline, candidate)
+    found = f"{differing} of {compared} output tokens differ from the baseline ({differing / compared:.1%})"
+    if differing / compared > tolerance:
+        return Gate(FAIL, f"the output changed: {found}, over the tolerance of {tolerance:.1%}")
+    return Gate(PASS, f"the output is still correct: {found}, tolerance {tolerance:.1%}")
+
+
+def route_gate(candidate: Trace, expected: str | None) -> Gate:
+    label = candidate.route.get("label")
+    if expected is None:
+        return Gate(NO_EVIDENCE, "the checks declare no expected route, so nothing shows the intended route ran")
+    if not label:
+        return Gate(NO_EVIDENCE, "the candidate trace carries no route label, so nothing shows which route ran")
+    if label != expected:
+        return Gate(FAIL, f"the intended route did not run (a silent fallback): expected route {expected!r}, "
+                          f"the trace's route label is {label!r}")
+    return Gate(PASS, f"the intended route ran: route label {label!r}")
+
+
+def faster_gate(effect: Effect | None, baseline: Trace, candidate: Trace, checks: Checks) -> Gate:
+    if effect is None:
+        return Gate(NO_EVIDENCE, f"too few whole-token samples to judge speed: {len(baseline.token_wall_us)} "
+                                 f"baseline, {len(candidate.token_wall_us)} candidate (need {MIN_SAMPLES} each)")
+    if effect.p_faster < checks.alpha and effect.ci_high <= -checks.threshold:
+        return Gate(PASS, f"the whole token is faster beyond noise: {effect.describe()}")
+    if effect.p_slower < checks.alpha and effect.ci_low >= checks.threshold:
+        return Gate(FAIL, f"the whole token is slower beyond noise: {effect.describe()}")
+    return Gate(NO_EVIDENCE, f"the change is inside noise: {effect.describe()} (a verdict needs p < "
+                             f"{checks.alpha:g} and the whole interval beyond {checks.threshold:.1%})")
+
+
+def _byte_count(trace: Trace, key: str) -> int | None:
+    value = trace.memory.get(key)
+    if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        raise BadInput(f"candidate trace: memory {key!r} must be a byte count or null, not {value!r}")
+    return value
+
+
+def memory_gate(candidate: Trace, capacity_bytes: int | None) -> Gate:
+    peak = _byte_count(candidate, "peak_bytes")
+    capacity = capacity_bytes if capacity_bytes is not None else _byte_count(candidate, "capacity_bytes")
+    if peak is None:
+        return Gate(NO_EVIDENCE, "the candidate trace records no peak memory, so the fit on the target is unchecked")
+    if capacity is None:
+        return Gate(NO_EVIDENCE, "neither the checks nor the candidate trace give the target's memory capacity")
+    found = f"peak {peak:,} bytes against a capacity of {capacity:,} bytes ({peak / capacity:.1%})"
+    if peak > capacity:
+        return Gate(FAIL, f"memory does not fit on the target: {found}")
+    return Gate(PASS, f"memory fits on the target: {found}")
+
+
+def switch_gate(candidate: Trace) -> Gate:
+    switch = candidate.route.get("switch")
+    if not _is_text(switch):
+        return Gate(NO_EVIDENCE, "the candidate's route names no switch that turns it off")
+    return Gate(PASS, f"one switch turns it off: {switch}")
+
+
+def _default_reopen(verdict: str, gates: dict[str, Gate], checks: Checks) -> str:
+    if verdict == SEARCH_SPACE_INCOMPLETE:
+        return f"when the search space can express it ({checks.expressible_reason})"
+    return "when " + "; or when ".join(REOPEN_WHEN[name] for name, g in gates.items() if g.status == FAIL)
+
+
+def _numbers(baseline: Trace, candidate: Trace, checks: Checks) -> dict[str, Any]:
+    differing, compared = _token_mismatch(baseline, candidate)
+    return {"baseline_samples": len(baseline.token_wall_us), "candidate_samples": len(candidate.token_wall_us),
+            "baseline_fastest_us": min(baseline.token_wall_us, default=None),
+            "candidate_fastest_us": min(candidate.token_wall_us, default=None),
+            "token_floor_us": checks.token_floor_us, "threshold": checks.threshold, "alpha": checks.alpha,
+            "output_tokens_compared": compared, "output_tokens_differing": differing,
+            "token_tolerance": checks.token_tolerance,
+            "peak_bytes": candidate.memory.get("peak_bytes"),
+            "capacity_bytes": checks.capacity_bytes if checks.capacity_bytes is not None
+            else candidate.memory.get("capacity_bytes")}
+
+
+def scope_of(trace: Trace) -> dict[str, Any]:
+    """What a verdict on this trace applies to: model, target, workload, compiler and its version."""
+    env, workload = trace.environment, trace.workload
+    return {"model_sha256": env.get("model_sha256"), "target": env.get("device"),
+            "workload": {"context": workload.get("context"), "batch": workload.get("batch")},
+            "compiler": env.get("compiler"), "compiler_version": env.get("compiler_version")}
