@@ -2,4 +2,6 @@ import sys
 
 from boltbeam.cli import main
 
-sys.exit(main())
+# Guarded: tinygrad's BEAM search starts worker processes that import this module again.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,6 +26,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from boltbeam.bound.roofline import Bound
+from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.measure.trace import Kernel, Trace
@@ -208,30 +209,31 @@ def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us
     return _Cause("starving", sentence, min(gap_us, max(0.0, least_us - floor_us)))
 
 
-def _causes(line, kernels: list[Kernel], moved_bytes: float | None, gap_us: float, target: Target,
-            bandwidth: float, load_bytes: int) -> tuple[list[_Cause], list[str]]:
+def _causes(floor_line: BoundLine, kernels: list[Kernel], moved_bytes: float | None, gap_us: float,
+            target: Target, bandwidth: float, load_bytes: int) -> tuple[list[_Cause], list[str]]:
     """The causes that apply to a role's gap, primary first, and sentences on what could not be judged.
     Rule: compute first when the floor is arithmetic (memory-side causes cannot be the limit);
     otherwise whichever of starving and bytes explains more of the gap."""
     causes: list[_Cause] = []
     unjudged: list[str] = []
-    starving = _starving(kernels, moved_bytes or line.bytes, line.floor_us, gap_us, target, bandwidth, load_bytes)
+    starving = _starving(kernels, moved_bytes or floor_line.bytes, floor_line.floor_us, gap_us, target,
+                         bandwidth, load_bytes)
     if isinstance(starving, _Cause):
         causes.append(starving)
     elif starving:
         unjudged.append(starving)
     if moved_bytes is None:
         unjudged.append("the trace gives no byte counts for its kernels: bytes not compared")
-    elif moved_bytes > EXTRA_BYTES_FRACTION * line.bytes:
-        extra = moved_bytes - line.bytes
-        causes.append(_Cause("bytes", f"bytes: moved {moved_bytes:,.0f} B, {extra:,.0f} B "
-                                      f"({moved_bytes / line.bytes:.2f}x) more than the floor's {line.bytes:,} B",
-                             min(gap_us, extra / bandwidth * 1e6)))
+    elif moved_bytes > EXTRA_BYTES_FRACTION * floor_line.bytes:
+        extra = moved_bytes - floor_line.bytes
+        ratio = moved_bytes / floor_line.bytes
+        causes.append(_Cause("bytes", f"bytes: moved {moved_bytes:,.0f} B, {extra:,.0f} B ({ratio:.2f}x) more "
+                                      f"than the floor's {floor_line.bytes:,} B", min(gap_us, extra / bandwidth * 1e6)))
     causes.sort(key=lambda c: -c.explains_us)
-    if line.limit == "compute":
-        causes.insert(0, _Cause("compute", f"compute: its arithmetic floor binds on {line.unit} "
-                                           f"({line.flops:,} operations: {_us(line.floor_compute_us)} against "
-                                           f"{_us(line.floor_memory_us)} for its bytes)", gap_us))
+    if floor_line.limit == "compute":
+        causes.insert(0, _Cause("compute", f"compute: its arithmetic floor binds on {floor_line.unit} "
+                                           f"({floor_line.flops:,} operations: {_us(floor_line.floor_compute_us)} "
+                                           f"against {_us(floor_line.floor_memory_us)} for its bytes)", gap_us))
     return causes, unjudged
 
 
@@ -247,7 +249,9 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
         raise BadInput(f"the account ties out batch-1 decode tokens; the bound is for batch {bound.batch}")
     notes: list[str] = []
     context = trace.workload.get("context")
-    if context != bound.context:
+    if context is None:
+        notes.append(f"the trace does not say its context: bounded at context {bound.context}")
+    elif context != bound.context:
         notes.append(f"the trace decoded at context {context}; the bound is at context {bound.context}")
     bandwidth = bound.bandwidth_bytes_per_s
     groups = kernels_by_token(trace)
@@ -302,8 +306,9 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
         n = round(_median_of(per_token, f"n:{key}"))
         head = f"{role}: {n} kernel(s), {_us(measured)} against a floor of {_us(role_floor)}"
         if not kernels_of_role[role]:
-            roles.append(Line(role, "role", gap, "no kernel", f"{role}: no kernel carries this role (fused into "
-                              f"another, or unnamed in the trace): its floor of {_us(role_floor)} is taken back out here",
+            roles.append(Line(role, "role", gap, "no kernel",
+                              f"{role}: no kernel carries this role (fused into another, or unnamed in the trace): "
+                              f"its floor of {_us(role_floor)} is taken back out here",
                               role=role, measured_us=measured, floor_us=role_floor, kernels=0))
             continue
         if bl is None:

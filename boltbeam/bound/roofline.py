@@ -175,7 +175,9 @@ def bound(census: Census, target: Target, context: int = 0, batch: int = 1,
             if r.format != tl.format:
                 r.format = "mixed"
             if tl.crossover_batch is not None:
-                r.crossover_batch = min(r.crossover_batch or tl.crossover_batch, tl.crossover_batch)
+                # The role turns compute-bound when its summed batched arithmetic outgrows its summed bytes.
+                per_seq_compute = (r.floor_memory_us - tl.floor_memory_us) / r.crossover_batch if r.crossover_batch else 0
+                r.crossover_batch = r.floor_memory_us / (per_seq_compute + tl.floor_memory_us / tl.crossover_batch)
 
     f = census.facts
     fp32 = target.fact("peak_fp32")

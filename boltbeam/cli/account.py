@@ -139,7 +139,10 @@ def _print_compare(cmp, path_a: str, path_b: str) -> None:
                 f"the compared kernels (gaps, host, graph, incomparable regions)")
     if not cmp.floors_shown:
         c.print("floors are not shown: pass --model and --target")
+    by_reason: dict[str, list[str]] = {}
     for item in cmp.incomparable:
-        c.print(f"cannot compare {item['region']}: {escape(item['reason'])}")
+        by_reason.setdefault(item["reason"], []).append(item["region"])
+    for reason, regions in by_reason.items():
+        c.print(f"cannot compare {', '.join(regions)}: {escape(reason)}")
     for note in cmp.notes:
         c.print(f"note: {escape(note)}")

@@ -18,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--size-mb", type=int, default=1024, help="buffer size for the bandwidth runs")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--matmul", type=int, default=0, metavar="N", help="also time an N x N x N fp16 matrix product")
+    p.add_argument("--beam", type=int, default=0, metavar="N", help="let tinygrad's BEAM search pick the kernels' opts")
     p.add_argument("--out", help="also write the raw samples as JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_measure_target)
@@ -53,7 +54,7 @@ def run_measure_target(args) -> int:
     from boltbeam.files import write_json
     if args.size_mb < 1 or args.reps < 3:
         raise BadInput("--size-mb must be >= 1 and --reps >= 3")
-    m = measure(size_bytes=args.size_mb << 20, reps=args.reps, matmul_n=args.matmul)
+    m = measure(size_bytes=args.size_mb << 20, reps=args.reps, matmul_n=args.matmul, beam=args.beam)
     if args.out:
         write_json(args.out, m)
     if args.json:

@@ -260,8 +260,10 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
 
 
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
-            progress: Callable[[str, int], None] | None = None) -> Trace:
-    """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV."""
+            beam: int = 0, progress: Callable[[str, int], None] | None = None) -> Trace:
+    """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
+    With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
+    heuristics: its kernels never run in a measured token)."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     census = take_census(model)
@@ -270,8 +272,11 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
                        f"run `boltbeam inspect --strict` for the list")
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
-    max_context = len(prompt) + 2 * (warmup + tokens) + 2
-    if census.facts.context_length and max_context > census.facts.context_length:
+    needed = len(prompt) + 2 * (warmup + tokens) + 2
+    # The KV cache is allocated for max_context positions; a round size well past what the run needs
+    # keeps tinygrad's kernels the ones a chat session gets (reads stay bounded by the position).
+    max_context = max(needed, min(census.facts.context_length or needed, 4096))
+    if census.facts.context_length and needed > census.facts.context_length:
         raise BadInput(f"context {context} plus {2 * (warmup + tokens)} decoded tokens exceeds the model's "
                        f"context length {census.facts.context_length}")
     tick = progress or (lambda stage, n: None)
@@ -279,10 +284,10 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
     with rec.install():
-        return _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, rec, tick)
+        return _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, beam, rec, tick)
 
 
-def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, rec, tick) -> Trace:
+def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, beam, rec, tick) -> Trace:
     from tinygrad import Context, Device
     from tinygrad.engine.jit import TinyJit
     from tinygrad.llm.model import Transformer
@@ -291,10 +296,17 @@ def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model
     gen = net.generate(list(prompt))
     out_tokens: list[int] = []
 
-    # Pass 1: the graph, as users get it. Warm-up tokens keep compilation out of the numbers.
-    for _ in range(warmup):
+    # Pass 1: the graph, as users get it. Warm-up tokens keep compilation (and any search) out of the
+    # numbers; the first one is the prefill, the next ones run and capture the decode JIT.
+    # tinygrad 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunked prefill's
+    # token count cannot be: the prefill runs its kernels one by one (it is never measured).
+    with Context(JIT=2):
         out_tokens.append(next(gen))
-        tick("warm-up", 1)
+    tick("prefill", 1)
+    with Context(BEAM=beam):
+        for _ in range(warmup - 1):
+            out_tokens.append(next(gen))
+            tick("warm-up", 1)
     walls = []
     for _ in range(tokens):
         t0 = time.perf_counter()
@@ -312,7 +324,7 @@ def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model
     kernels: list[Kernel] = []
     kernel_walls: list[float] = []
     depths: list[int] = []
-    with Context(JIT=2):
+    with Context(JIT=2, BEAM=beam):
         for _ in range(warmup):
             next(gen)
             tick("warm-up", 1)
@@ -340,8 +352,10 @@ def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model
         environment=_environment(device, path, model_hash),
         workload={"context": len(prompt), "tokens": tokens, "warmup": warmup, "batch": 1,
                   "kernel_pass_depths": depths, "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
-        route={"label": "tinygrad-scheduler", "switch": None,
-               "settings": {k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF", "JIT") if k in os.environ}},
+        route={"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
+               "switch": "boltbeam profile --beam 0" if beam else None,
+               "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None,
+                            **{k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}}},
         token_wall_us=walls, output_tokens=out_tokens, memory=memory,
         kernel_pass_wall_us=kernel_walls, kernels=kernels,
         provenance={"source": "profile", "tool_version": __version__,

@@ -1,0 +1,290 @@
+"""The tie-out (account) and the region-by-region comparison (compare), on traces built here against
+the tiny synthetic model's bound, so every expected number is known in advance."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from boltbeam.account import account, compare
+from boltbeam.bound.roofline import Bound, bound
+from boltbeam.bound.targets import get_target
+from boltbeam.cli import main
+from boltbeam.files import sha256_file
+from boltbeam.measure.trace import Kernel, Trace, save
+from boltbeam.read.census import take_census
+
+H200 = get_target("h200")
+NEEDED_IN_FLIGHT = H200.bandwidth * H200.fact("memory_latency")   # Little's law: bandwidth x latency
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model) -> str:   # conftest's tiny synthetic qwen3 file
+    return tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_bound(model) -> Bound:
+    return bound(take_census(model), H200, context=0, batch=1)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def kernel(duration: float, role: str | None = None, category: str | None = None, **kw) -> Kernel:
+    category = category or ("norm" if role and "norm" in role else "weights" if role else "other")
+    return Kernel(token=0, index=0, name=role or category, duration_us=duration, role=role, category=category, **kw)
+
+
+def token(kernels: list[Kernel], token_id: int = 0, gap_us: float = 0.0) -> list[Kernel]:
+    """Place kernels one after another on the device timeline, gap_us apart."""
+    placed, t = [], 0.0
+    for i, k in enumerate(kernels):
+        placed.append(Kernel(**{**vars(k), "token": token_id, "index": i, "start_us": t}))
+        t += k.duration_us + gap_us
+    return placed
+
+
+def span(kernels: list[Kernel]) -> float:
+    return max(k.start_us + k.duration_us for k in kernels) - min(k.start_us for k in kernels)
+
+
+def make_trace(tokens: list[list[Kernel]], token_walls: list[float], pass_walls: list[float] | None,
+               sha: str | None = None, context: int | None = 0) -> Trace:
+    return Trace(environment={"engine": "test", "model_sha256": sha}, workload={"context": context, "batch": 1},
+                 route={"label": "test-route"}, token_wall_us=token_walls, provenance={"source": "profile"},
+                 kernel_pass_wall_us=pass_walls or [], kernels=[k for ks in tokens for k in ks])
+
+
+def full_token(b: Bound, token_id: int = 0, excess_us: float = 20.0, gap_us: float = 2.0) -> list[Kernel]:
+    """Every weight role's kernel at its floor plus excess_us (ffn_down 100 µs above), and some kernels that
+    read no weights; big launches, bytes at the floor: no cause but the gap itself."""
+    big = {"global_size": [4096], "local_size": [256]}
+    ks = [kernel(r.floor_us + (100.0 if r.role == "ffn_down" else excess_us), r.role, bytes=r.bytes, **big)
+          for r in b.roles if r.role not in ("kv_cache", "activations")]
+    ks += [kernel(7.0, category="attention"), kernel(3.0, category="copy"), kernel(2.0, category="elementwise")]
+    return token(ks, token_id, gap_us)
+
+
+def line(acc, label: str):
+    return next(x for x in acc.lines if x.label == label)
+
+
+# --- the tie-out closes, and each line is what its rule says ---------------------------------------
+
+def test_lines_add_up_to_the_wall(tiny_bound):
+    tokens = [full_token(tiny_bound, t) for t in range(3)]
+    pass_wall = span(tokens[0]) + 7.0                         # 7 µs of host time outside the device span
+    trace = make_trace(tokens, token_walls=[pass_wall - 5.0, pass_wall - 4.0, pass_wall - 3.0],
+                       pass_walls=[pass_wall] * 3)
+    acc = account(trace, tiny_bound, H200)
+    assert acc.residual_us == pytest.approx(0.0, abs=1e-9)
+    assert acc.closed and acc.refusals == []
+    assert acc.wall_us == pass_wall - 4.0 and acc.tokens_used == 3
+    assert sum(x.us for x in acc.lines) == pytest.approx(acc.wall_us, abs=1e-9)
+    assert line(acc, "floor").us == pytest.approx(tiny_bound.token_floor_us)
+    down = line(acc, "ffn_down")
+    assert down.kind == "role" and down.measured_us == pytest.approx(tiny_bound.role("ffn_down").floor_us + 100.0)
+    assert down.us == pytest.approx(down.measured_us - tiny_bound.role("ffn_down").floor_us)
+    assert down.cause == "unexplained" and "draws" in down.detail
+    assert line(acc, "attention").us == pytest.approx(7.0 - tiny_bound.role("kv_cache").floor_us)
+    assert line(acc, "activations").us == pytest.approx(-tiny_bound.role("activations").floor_us)
+    assert line(acc, "copy").cause == "boundary" and line(acc, "attention").cause == "attention"
+    n = len(tokens[0])
+    assert line(acc, "gaps between kernels").us == pytest.approx(2.0 * (n - 1))
+    assert line(acc, "host time outside the device span").us == pytest.approx(7.0)
+    assert line(acc, "graph").us == pytest.approx(-4.0)
+    roles = [x for x in acc.lines if x.kind == "role"]
+    assert roles[0].role == "ffn_down" and [x.us for x in roles] == sorted((x.us for x in roles), reverse=True)
+    assert [x.kind for x in acc.lines][0] == "floor" and acc.lines[-1].kind == "graph"
+
+
+def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
+    ks = full_token(tiny_bound)
+    path = tmp_path / "t.json"
+    save(make_trace([ks], [span(ks) - 1.0], [span(ks)], sha=sha256_file(model)), path)
+    code, out, _ = run(capsys, "account", path, "--model", model, "--target", "h200", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert {"wall_us", "floor_us", "lines", "residual_us", "closed", "tokens_used", "method"} <= d.keys()
+    assert d["closed"] is True and d["method"] == "median per token"
+    assert {"label", "us", "cause", "detail", "kind"} <= d["lines"][0].keys()
+    down = next(x for x in d["lines"] if x["role"] == "ffn_down")
+    assert down["us"] == pytest.approx(down["measured_us"] - down["floor_us"])
+    assert {x["kind"] for x in d["lines"]} == {"floor", "role", "boundary", "gap", "host", "overlap", "graph"}
+    code, out, _ = run(capsys, "account", path, "--model", model, "--target", "h200")
+    assert code == 0 and "residual" in out and "closed" in out
+
+
+# --- refusals ---------------------------------------------------------------------------------------
+
+def test_account_that_does_not_close_is_refused_after_printing(capsys, tmp_path, model, tiny_bound):
+    ks = full_token(tiny_bound)
+    # No per-kernel-pass walls: the lines reach the device span only, and the graph token is 5% longer.
+    wall = span(ks) / 0.95
+    path = tmp_path / "t.json"
+    save(make_trace([ks], [wall], None), path)
+    acc = account(make_trace([ks], [wall], None), tiny_bound, H200)
+    assert not acc.closed and acc.residual_us == pytest.approx(0.05 * wall)
+    code, out, err = run(capsys, "account", path, "--model", model, "--target", "h200")
+    assert code == 3
+    assert "ffn_down" in out                                  # the account is printed first
+    assert f"residual {acc.residual_us:+,.2f} µs is 5.0%" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_inflated_kernels_are_refused(capsys, tmp_path, model, tiny_bound):
+    ks = full_token(tiny_bound, gap_us=0.0)
+    kernel_sum = sum(k.duration_us for k in ks)
+    wall = kernel_sum / 1.03                                  # the graph token is shorter than its kernels
+    trace = make_trace([ks], [wall], [kernel_sum])
+    acc = account(trace, tiny_bound, H200)
+    assert acc.closed                                         # the graph line takes it back, yet ...
+    assert acc.inflation_us == pytest.approx(kernel_sum - wall)
+    path = tmp_path / "t.json"
+    save(trace, path)
+    code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
+    assert code == 3 and "inflated the kernels" in err
+    assert f"{kernel_sum - wall:,.2f} µs (3.0%)" in err
+
+
+def test_whole_token_trace_is_refused(capsys, tmp_path, model):
+    path = tmp_path / "t.json"
+    save(make_trace([], [1000.0, 1001.0], None), path)
+    code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
+    assert code == 3 and "whole-token figures only: no kernels to account" in err
+
+
+def test_trace_of_another_model_is_refused(capsys, tmp_path, model, tiny_bound):
+    ks = full_token(tiny_bound)
+    path = tmp_path / "t.json"
+    save(make_trace([ks], [span(ks)], [span(ks)], sha="0" * 64), path)
+    code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
+    assert code == 3 and "different model" in err
+    assert run(capsys, "account", path, "--model", model, "--target", "h200", "--no-hash-check")[0] == 0
+
+
+# --- causes ----------------------------------------------------------------------------------------
+
+def one_role_account(b: Bound, role: str, **geometry) -> object:
+    ks = token([kernel(50.0, role, bytes=b.role(role).bytes, **geometry)])
+    return line(account(make_trace([ks], [50.0], [50.0]), b, H200), role)
+
+
+def test_tiny_launch_is_starving_by_littles_law(tiny_bound):
+    down = one_role_account(tiny_bound, "ffn_down", global_size=[32], local_size=[32])
+    assert down.cause == "starving"
+    assert "32 groups of 32 threads = 1,024 threads" in down.detail
+    assert "16.38 KB in flight" in down.detail                 # 1,024 threads x 16 B
+    assert (f"{NEEDED_IN_FLIGHT / 1e6:.2f} MB in flight ({H200.bandwidth / 1e12:.2f} TB/s x "
+            f"{H200.fact('memory_latency') * 1e9:.0f} ns)") in down.detail
+    assert f"{16384 / NEEDED_IN_FLIGHT:.1%} of it" in down.detail
+
+
+def test_global_size_counts_threads_without_a_local_size(tiny_bound):
+    down = one_role_account(tiny_bound, "ffn_down", global_size=[1024], local_size=None)
+    assert down.cause == "starving" and "1,024 threads (no local size)" in down.detail
+
+
+def test_huge_launch_is_not_starving(tiny_bound):
+    down = one_role_account(tiny_bound, "ffn_down", global_size=[4096], local_size=[256])
+    assert "starving" not in down.causes and down.cause == "unexplained"
+
+
+def test_extra_bytes_are_a_cause(tiny_bound):
+    floor_bytes = tiny_bound.role("ffn_down").bytes
+    ks = token([kernel(50.0, "ffn_down", bytes=2 * floor_bytes, global_size=[4096], local_size=[256])])
+    down = line(account(make_trace([ks], [50.0], [50.0]), tiny_bound, H200), "ffn_down")
+    assert down.cause == "bytes" and f"{floor_bytes:,} B (2.00x) more" in down.detail
+
+
+def test_compute_floor_is_the_primary_cause(model):
+    slow = "peak_fp32"   # so slow a unit that the arithmetic, not the bytes, sets every floor
+    target = dataclasses.replace(H200, facts={**H200.facts, slow: dataclasses.replace(H200.facts[slow], value=1e9)})
+    b = bound(take_census(model), target, context=0, batch=1)
+    assert b.role("ffn_down").limit == "compute"
+    ks = token([kernel(b.role("ffn_down").floor_us + 50.0, "ffn_down", bytes=b.role("ffn_down").bytes,
+                       global_size=[32], local_size=[32])])
+    down = line(account(make_trace([ks], [ks[0].duration_us], [ks[0].duration_us]), b, target), "ffn_down")
+    assert down.causes == ["compute", "starving"] and "floor binds on peak_fp32" in down.detail
+
+
+# --- the timeline ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("second_start, gaps, overlap", [(15.0, 5.0, 0.0), (7.0, 0.0, 3.0)])
+def test_gaps_and_overlap_from_timestamps(tiny_bound, second_start, gaps, overlap):
+    ks = [Kernel(0, 0, "a", 10.0, start_us=0.0, category="copy"),
+          Kernel(0, 1, "b", 10.0, start_us=second_start, category="elementwise")]
+    acc = account(make_trace([ks], [30.0], [30.0]), tiny_bound, H200)
+    assert line(acc, "gaps between kernels").us == pytest.approx(gaps)
+    assert line(acc, "overlap").us == pytest.approx(-overlap)
+    assert line(acc, "host time outside the device span").us == pytest.approx(30.0 - (second_start + 10.0))
+    assert acc.residual_us == pytest.approx(0.0, abs=1e-9)
+
+
+# --- compare -----------------------------------------------------------------------------------------
+
+def test_compare_regions_and_winners(capsys, tmp_path, model, tiny_bound):
+    a = token([kernel(30.0, "ffn_down"), kernel(10.0, "attn_q"), kernel(5.0, category="attention")])
+    b = token([kernel(20.0, "ffn_down"), kernel(15.0, "attn_q"), kernel(5.0, category="attention"),
+               kernel(2.0, category="copy")])
+    ta, tb = make_trace([a], [50.0], [50.0]), make_trace([b], [46.0], [46.0])
+    regions = {r.region: r for r in compare(ta, tb).regions}
+    assert (regions["down"].diff_us, regions["down"].winner) == (-10.0, "B")
+    assert (regions["qkv"].diff_us, regions["qkv"].winner) == (5.0, "A")
+    assert regions["attention"].winner == "tie"
+    assert (regions["other"].a_us, regions["other"].b_us, regions["other"].winner) == (0.0, 2.0, "A")
+    assert regions["down"].floor_us is None
+
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    save(ta, pa)
+    save(tb, pb)
+    code, out, _ = run(capsys, "compare", pa, pb, "--model", model, "--target", "h200", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["net_us"] == -4.0 and d["region_net_us"] == pytest.approx(-3.0)
+    assert d["a_wall_us"] == 50.0 and d["b_wall_us"] == 46.0 and d["incomparable"] == []
+    down = next(r for r in d["regions"] if r["region"] == "down")
+    assert down["floor_us"] == pytest.approx(tiny_bound.role("ffn_down").floor_us)
+    code, out, _ = run(capsys, "compare", pa, pb)
+    assert code == 0 and "floors are not shown" in out
+
+
+def test_compare_against_whole_token_figures(capsys, tmp_path):
+    a = token([kernel(30.0, "ffn_down"), kernel(5.0, category="attention")])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    save(make_trace([a], [40.0], [40.0]), pa)
+    save(make_trace([], [25.0, 26.0, 27.0], None), pb)        # llama-bench: whole tokens only
+    code, out, _ = run(capsys, "compare", pa, pb, "--json")
+    d = json.loads(out)
+    assert code == 0 and d["net_us"] == -14.0
+    assert [x["region"] for x in d["incomparable"]] == [r["region"] for r in d["regions"]]
+    assert all("B has whole-token figures only" in x["reason"] for x in d["incomparable"])
+    assert all(r["diff_us"] is None and r["winner"] is None for r in d["regions"])
+    code, out, _ = run(capsys, "compare", pa, pb)
+    every_region = ", ".join(r["region"] for r in d["regions"])
+    assert code == 0 and f"cannot compare {every_region}: B has whole-token figures only" in out
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [None, "not json {", json.dumps({"format": "something-else", "version": 1})])
+def test_malformed_trace_is_one_line_exit_2(capsys, tmp_path, model, content):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    for argv in (["account", path, "--model", model, "--target", "h200"], ["compare", path, path]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unknown_target_is_exit_2(capsys, tmp_path, model, tiny_bound):
+    ks = full_token(tiny_bound)
+    path = tmp_path / "t.json"
+    save(make_trace([ks], [span(ks)], [span(ks)]), path)
+    code, _, err = run(capsys, "account", path, "--model", model, "--target", "no-such-gpu")
+    assert code == 2 and "unknown target 'no-such-gpu'" in err
+    assert run(capsys, "compare", path, path, "--model", model)[0] == 2      # floors need both flags
