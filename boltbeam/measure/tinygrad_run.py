@@ -170,6 +170,7 @@ class Classifier:
         self.offsets = [t.data_offset for t in self.tensors]
         self.file_size, self.kv_bases, self.rope_bases = file_size, kv_bases, rope_bases
         self.logits_bytes = {census.facts.vocabulary * n for n in (2, 4)}
+        self.tied = census.tied_embeddings
 
     def _tensor_at(self, buf) -> TensorEntry | None:
         if buf._base is None or buf.base.nbytes != self.file_size:
@@ -187,7 +188,12 @@ class Classifier:
         if read:
             weights = [t for t in read if t.role not in NORM_ROLES]
             main = max(weights or read, key=lambda t: t.bytes)
-            return ("weights" if weights else "norm"), main.role, names
+            role = main.role
+            # With tied embeddings one table plays two roles: a lookup moves a row, the output
+            # projection moves the whole table (tinygrad's own byte estimate tells them apart).
+            if self.tied and role == "token_embd" and (l.mem or 0) >= main.bytes // 2:
+                role = "output"
+            return ("weights" if weights else "norm"), role, names
         bases = lambda bs: {id(b.base) for b in bs}
         if bases(l.writes) & self.kv_bases:
             return "kv_write", None, []

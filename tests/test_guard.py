@@ -1,0 +1,42 @@
+"""Facts, not names: decision code and data files must not key a rule to a model's name or shapes."""
+import re
+from pathlib import Path
+
+import boltbeam
+
+ROOT = Path(boltbeam.__file__).parent
+# Decision code: every pipeline step and the data files. The CLI (which names the embedded default
+# model's package), the report layer and the synthetic-model generator (whose presets are shapes to
+# write, read by no decision) are not decision code.
+DECISION = ["read", "bound", "measure", "account", "judge", "ledger", "search", "data"]
+# "llama.cpp" and "llama-bench" name an engine and its tool, not a model.
+MODEL_NAMES = re.compile(r"qwen|llama(?![.\-_](?:cpp|bench))|smollm|mistral|mixtral|gemma|phi-?\d|deepseek|falcon|gpt-?oss|olmo|granite",
+                         re.IGNORECASE)
+# Dimensions that identify particular models (vocabularies, widths) rather than chips or formats.
+MODEL_SHAPES = re.compile(r"(?<![\d.])(151936|152064|128256|32000|49152|12288|14336|11008|18944|27648)(?![\d.])")
+
+
+def violations(root: Path, dirs: list[str]) -> list[str]:
+    found = []
+    for d in dirs:
+        for path in sorted((root / d).rglob("*")):
+            if path.suffix not in (".py", ".toml", ".json") or "__pycache__" in path.parts:
+                continue
+            for no, line in enumerate(path.read_text().splitlines(), 1):
+                for pattern in (MODEL_NAMES, MODEL_SHAPES):
+                    if m := pattern.search(line):
+                        found.append(f"{path.relative_to(root)}:{no}: {m.group(0)!r} in {line.strip()}")
+    return found
+
+
+def test_decision_code_and_data_name_no_model():
+    assert violations(ROOT, DECISION) == []
+
+
+def test_the_guard_catches_a_rule_keyed_to_a_model(tmp_path):
+    (tmp_path / "bound").mkdir()
+    (tmp_path / "bound" / "rule.py").write_text('if arch == "qwen3": bw *= 2\n')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.toml").write_text("vocab_rule = 151936\n")
+    found = violations(tmp_path, ["bound", "data"])
+    assert len(found) == 2 and "qwen" in found[0] and "151936" in found[1]

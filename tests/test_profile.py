@@ -1,0 +1,109 @@
+"""The tinygrad adapter on CPU, end to end: profile -> trace -> account, compare, export.
+
+Each profile runs in its own process, as the CLI does: the adapter's hook must be in place before
+tinygrad first compiles its executors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from boltbeam.cli import main
+from boltbeam.files import sha256_file
+from boltbeam.measure import trace as tracefile
+from boltbeam.read.census import take_census
+from boltbeam.read.roles import read_kind
+
+
+def profile(model: str, out, *extra: str) -> tracefile.Trace:
+    cmd = [sys.executable, "-m", "boltbeam", "profile", model, "--device", "CPU", "--out", str(out), "--json", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["out"] == str(out)
+    return tracefile.load(out)
+
+
+@pytest.fixture(scope="module")
+def tiny_trace(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces") / "tiny.json"
+    return out, profile(tiny_model, out, "--context", "8", "--tokens", "3")
+
+
+def test_trace_holds_both_passes(tiny_model, tiny_trace):
+    _, t = tiny_trace
+    assert len(t.token_wall_us) == 3 and len(t.kernel_pass_wall_us) == 3
+    assert t.kernel_tokens == [0, 1, 2]
+    assert len(t.output_tokens) == 3 + 3        # warm-up tokens and measured tokens
+    assert t.environment["engine"] == "tinygrad" and t.environment["engine_version"] == "0.13.0"
+    assert t.environment["model_sha256"] == sha256_file(tiny_model)
+    assert t.workload["context"] == 8 and t.route["label"] == "tinygrad-scheduler"
+    per_token = [len(t.kernels_of_token(i)) for i in range(3)]
+    assert per_token[0] > 10 and len(set(per_token)) == 1     # the same kernels every token
+    for k in t.kernels:
+        assert k.duration_us >= 0 and k.start_us is not None
+        assert (k.global_size is None) == (k.category == "copy")   # copies have no launch geometry
+
+
+def test_every_weight_table_is_read_by_a_kernel_of_its_role(tiny_model, tiny_trace):
+    _, t = tiny_trace
+    census = take_census(tiny_model)
+    kernels = t.kernels_of_token(0)
+    read = {name for k in kernels for name in k.tensors}
+    tables = {x.name for x in census.tensors if x.role and read_kind(x.role) in ("table", "row")}
+    assert tables <= read
+    role_of = {x.name: x.role for x in census.tensors if not x.tied}
+    for k in kernels:
+        if k.category == "weights":
+            assert k.role in {role_of[n] for n in k.tensors}, (k.name, k.role, k.tensors)
+    # Each block's attention reads the KV cache: a kernel that touches no weight, found by its buffers.
+    assert sum(k.category == "attention" for k in kernels) >= census.facts.blocks
+
+
+def test_account_of_a_cpu_trace_is_consistent(tiny_model, tiny_trace, capsys):
+    path, _ = tiny_trace
+    code = main(["account", str(path), "--model", tiny_model, "--target", "host-like", "--targets", _host_like()])
+    capsys.readouterr()
+    code = main(["account", str(path), "--model", tiny_model, "--target", "host-like", "--targets", _host_like(), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code in (0, 3)             # CPU timing is noisy: closing is not promised, honesty is
+    assert d["residual_us"] == pytest.approx(d["wall_us"] - sum(l["us"] for l in d["lines"]), abs=1e-6)
+    assert d["closed"] == (abs(d["residual_us"]) <= 0.01 * d["wall_us"]) == (code == 0)
+    assert {l["kind"] for l in d["lines"]} >= {"floor", "role", "gap", "host", "graph"}
+
+
+def _host_like() -> str:
+    # A fixed CPU-like target, so the test does not spend time measuring this machine.
+    path = os.path.join(os.path.dirname(__file__), "data", "cpu_target.toml")
+    return path
+
+
+def test_compare_a_trace_with_itself_and_export(tiny_trace, tmp_path, capsys):
+    path, t = tiny_trace
+    assert main(["compare", str(path), str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["net_us"] == 0 and all(r["diff_us"] == 0 for r in d["regions"])
+    chrome = tmp_path / "chrome.json"
+    assert main(["export-trace", str(path), "--chrome", str(chrome)]) == 0
+    events = json.loads(chrome.read_text())["traceEvents"]
+    assert sum(e.get("cat") != "user_annotation" and e["ph"] == "X" for e in events) == len(t.kernels)
+
+
+def test_smollm2_tied_output_projection_is_found(smollm2, tmp_path):
+    t = profile(smollm2, tmp_path / "smollm2.json", "--context", "4", "--tokens", "1", "--no-hash")
+    kernels = t.kernels_of_token(0)
+    output = [k for k in kernels if k.role == "output"]
+    assert len(output) == 1 and output[0].tensors == ["token_embd.weight"]
+    assert any(k.role == "token_embd" for k in kernels)          # the lookup, one row
+    census = take_census(smollm2)
+    assert {k.role for k in kernels if k.category == "weights"} == {
+        r for r, v in census.roles().items() if read_kind(r) in ("table", "row")}
+
+
+def test_bad_input_to_profile(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["profile", str(tmp_path / "missing.gguf"), "--device", "CPU", "--out", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err and not out.exists()
+    assert main(["profile", str(tmp_path / "x.gguf"), "--device", "CPU", "--warmup", "1", "--out", str(out)]) == 2
+    assert not out.exists()
