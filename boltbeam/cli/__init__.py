@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("boltbeam: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # output piped into `head` and the like: stop quietly
+        sys.stderr.close()
+        return 0
     return code or 0
 
 

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from boltbeam.errors import Refused
-from boltbeam.judge.judge import MEASUREMENT_ERROR, Checks, Judgement, judge, load_checks
 from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.measure import trace
 from boltbeam.report import console, print_json, table
+
+if TYPE_CHECKING:
+    from boltbeam.judge.judge import Judgement
 
 
 def _positive_us(text: str) -> float:
@@ -42,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from boltbeam.judge.judge import MEASUREMENT_ERROR, Checks, judge, load_checks  # scipy: load only when judging
     baseline, candidate = trace.load(args.baseline), trace.load(args.candidate)
     checks = load_checks(args.checks) if args.checks else Checks()
     if args.floor_us is not None:
