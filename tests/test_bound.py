@@ -6,7 +6,7 @@ import pytest
 from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target, registry
 from boltbeam.cli import main
-from boltbeam.read.census import Census, ModelFacts, TensorEntry, take_census
+from boltbeam.read.census import Census, ModelFacts, TensorEntry
 from boltbeam.synth.writer import plan, shape_from
 
 

@@ -8,7 +8,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.read.census import take_census
-from boltbeam.synth.writer import plan, shape_from, write
+from boltbeam.synth.writer import plan, shape_from
 
 
 def run_json(capsys, *argv):

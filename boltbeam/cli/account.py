@@ -87,7 +87,7 @@ def run_account(args: argparse.Namespace) -> int:
 
 def _print_account(acc, trace_path: str, model: str) -> None:
     c = console()
-    rows = [(line.label, f"{line.us:,.2f}", f"{line.us / acc.wall_us:.1%}", line.cause, escape(line.detail))
+    rows = [(line.label, f"{line.us:,.2f}", f"{line.us / acc.wall_us:.1%}", line.cause, line.detail)
             for line in acc.lines]
     rows.append(("residual", f"{acc.residual_us:,.2f}", f"{acc.residual_us / acc.wall_us:.1%}",
                  "closed" if acc.closed else "NOT CLOSED", "the wall minus every line above: computed, never a plug"))

@@ -1,6 +1,8 @@
 """`boltbeam targets`, `boltbeam measure-target` and `boltbeam bound`."""
 from __future__ import annotations
 
+from rich.markup import escape
+
 from boltbeam.cli.read import model_arg, resolve_model
 from boltbeam.errors import BadInput
 from boltbeam.report import console, fmt_bytes, print_json, table
@@ -42,7 +44,7 @@ def run_targets(args) -> int:
         return 0
     c = console()
     for t in targets.values():
-        c.print(table(f"{t.name}: {t.description}", ["fact", "value", "unit", "status", "source", "date"],
+        c.print(table(escape(f"{t.name}: {t.description}"), ["fact", "value", "unit", "status", "source", "date"],
                       [(k, f"{f.value:.4g}", f.unit, f.status, f.source, f.date) for k, f in t.facts.items()], right=(1,)))
     if HOST not in targets:
         c.print(f"{HOST}: this machine, measured on first use (`boltbeam bound ... --target {HOST}`) and cached")
@@ -92,5 +94,5 @@ def run_bound(args) -> int:
         c.print(f"weight roles turn compute-bound from batch (or prefill length) {lo:.0f} "
                 f"({min(crossing, key=lambda r: r.crossover_batch).role} first)")
     for note in b.notes + census.notes:
-        c.print(f"note: {note}")
+        c.print(f"note: {escape(note)}")
     return 0

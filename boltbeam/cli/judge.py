@@ -75,9 +75,9 @@ def _record(judgement: Judgement, args: argparse.Namespace) -> int:
 def _print(judgement: Judgement, entry: int | None, ledger: str | None) -> None:
     out = console()
     out.print(f"[bold]{judgement.verdict}[/bold]  candidate {escape(judgement.candidate_id)}")
-    if judgement.gates:  # sentences quote labels and paths: escape them so rich reads no markup in them
+    if judgement.gates:
         out.print(table("gates", ("gate", "status", "evidence"),
-                        ((name, g.status, escape(g.sentence)) for name, g in judgement.gates.items())))
+                        ((name, g.status, g.sentence) for name, g in judgement.gates.items())))
     shown = {g.sentence for g in judgement.gates.values()}
     for reason in judgement.reasons:
         if reason not in shown:

@@ -101,7 +101,7 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     rows = [(e.id, e.time, e.candidate, e.verdict, " ".join(e.reasons), e.reopen) for e in entries]
     console().print(table(escape(f"{args.ledger}: {len(entries)} entries"),
-                          ["#", "time", "candidate", "verdict", "reasons", "reopen when"], _plain(rows), right=[0]))
+                          ["#", "time", "candidate", "verdict", "reasons", "reopen when"], rows, right=[0]))
     return 0
 
 
@@ -116,13 +116,8 @@ def _show(args: argparse.Namespace) -> int:
             ("scope", "\n".join(f"{k} = {v}" for k, v in e.scope.items())),
             ("evidence", "\n".join(f"{f['path']}  sha256 {f['sha256']}" for f in e.evidence)),
             ("reopen when", e.reopen), ("previous hash", e.prev_hash), ("hash", e.hash)]
-    console().print(table(f"ledger entry #{e.id}", ["field", "value"], _plain(rows)))
+    console().print(table(f"ledger entry #{e.id}", ["field", "value"], rows))
     return 0
-
-
-def _plain(rows: list[tuple]) -> list[tuple]:
-    """Escape rich markup: a reason such as "differs [at step 3]" must print as written."""
-    return [tuple(None if v is None else escape(str(v)) for v in row) for row in rows]
 
 
 def _standing(latest: Entry) -> str:

@@ -54,14 +54,7 @@ def _profile(args: argparse.Namespace) -> int:
         trace = profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                         model_hash=not args.no_hash, beam=args.beam,
                         progress=lambda stage, n: bar.update(task, advance=n, description=stage))
-    tracefile.save(trace, args.out)
-    summary = import_summary(trace, args.out)
-    if args.json:
-        report.print_json(summary)
-        return 0
-    rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "notes"]
-    report.console().print(report.table(f"profiled {model}", ["field", "value"], rows))
-    return 0
+    return _save_and_summarize(trace, args, f"profiled {model}")
 
 
 # --- import -------------------------------------------------------------------------------------
@@ -116,14 +109,18 @@ def import_summary(trace: Trace, out: str) -> dict[str, Any]:
 
 
 def _import(args: argparse.Namespace) -> int:
-    trace = args.read(args)
+    return _save_and_summarize(args.read(args), args, f"imported {args.file}")
+
+
+def _save_and_summarize(trace: Trace, args: argparse.Namespace, title: str) -> int:
+    """Write the trace (all or nothing) and print what it holds."""
     tracefile.save(trace, args.out)
     summary = import_summary(trace, args.out)
     if args.json:
         report.print_json(summary)
         return 0
     rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "notes"]
-    report.console().print(report.table(f"imported {args.file}", ["field", "value"], rows))
+    report.console().print(report.table(title, ["field", "value"], rows))
     for note in summary["notes"]:
         report.console().print(f"  note: {note}")
     return 0

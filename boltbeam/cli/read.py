@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from boltbeam.errors import BadInput, Refused
 from boltbeam.report import console, fmt_bytes, print_json, table
 
@@ -59,7 +61,7 @@ def run_inspect(args) -> int:
     else:
         c = console()
         f = census.facts
-        c.print(f"[bold]{d['path']}[/bold]: architecture [bold]{census.architecture}[/bold], {f.blocks} blocks, "
+        c.print(f"[bold]{escape(d['path'])}[/bold]: architecture [bold]{escape(census.architecture)}[/bold], {f.blocks} blocks, "
                 f"embedding {f.embedding}, {f.heads} query / {f.kv_heads} KV heads of {f.head_dim}, "
                 f"vocabulary {f.vocabulary}")
         rows = sorted(d["roles"].items(), key=lambda kv: -kv[1]["bytes_per_token"])
@@ -76,9 +78,9 @@ def run_inspect(args) -> int:
         c.print(f"bytes per decode token: [bold]{census.bytes_per_token:,}[/bold] ({fmt_bytes(census.bytes_per_token)}); "
                 f"tensor bytes in file: {census.file_tensor_bytes:,}")
         for note in census.notes:
-            c.print(f"note: {note}")
+            c.print(f"note: {escape(note)}")
         if census.unclassified:
-            c.print(f"unclassified: {', '.join(census.unclassified)}")
+            c.print(f"unclassified: {escape(', '.join(census.unclassified))}")
     if args.strict and census.unclassified:
         raise Refused(f"{len(census.unclassified)} tensor(s) unclassified (adapter-incomplete): "
                       f"{', '.join(census.unclassified[:5])}{' ...' if len(census.unclassified) > 5 else ''}")
@@ -98,5 +100,5 @@ def run_synth(args) -> int:
         task = bar.add_task(f"writing {args.out}", total=total)
         planned = write(args.out, args.arch, shape, args.mix, seed=args.seed, tied=args.tied,
                         progress=lambda n: bar.advance(task, n))
-    console().print(f"wrote {args.out}: {len(planned)} tensors, {total:,} tensor bytes ({args.arch}, {args.mix})")
+    console().print(f"wrote {escape(args.out)}: {len(planned)} tensors, {total:,} tensor bytes ({args.arch}, {args.mix})")
     return 0

@@ -6,6 +6,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -21,12 +22,13 @@ def print_json(obj: Any) -> None:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
           right: Sequence[int] = ()) -> Table:
-    """A rich table; columns whose index is in `right` are right-aligned (numbers)."""
+    """A rich table; columns whose index is in `right` are right-aligned (numbers). Cells are printed
+    as written: a path or reason such as "differs [at step 3]" is escaped, never read as markup."""
     t = Table(title=title, title_justify="left")
     for i, c in enumerate(columns):
         t.add_column(c, justify="right" if i in right else "left")
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+        t.add_row(*("" if v is None else escape(str(v)) for v in r))
     return t
 
 
