@@ -288,3 +288,13 @@ def test_unknown_target_is_exit_2(capsys, tmp_path, model, tiny_bound):
     code, _, err = run(capsys, "account", path, "--model", model, "--target", "no-such-gpu")
     assert code == 2 and "unknown target 'no-such-gpu'" in err
     assert run(capsys, "compare", path, path, "--model", model)[0] == 2      # floors need both flags
+
+
+def test_overlapping_kernels_are_not_inflation(tiny_bound):
+    """Kernels that run at the same time may sum past the wall; only their busy time must fit it."""
+    a = kernel(60.0, "ffn_gate", start_us=0.0)
+    b = kernel(60.0, "ffn_up", start_us=10.0)   # overlaps a by 50 µs: busy 70 µs
+    acc = account(make_trace([[a, b]], [70.0], [70.0]), tiny_bound, H200)
+    assert acc.kernel_sum_us == pytest.approx(120.0) and acc.overlap_us == pytest.approx(50.0)
+    assert acc.busy_us == pytest.approx(70.0) and acc.inflation_us == 0
+    assert not any("inflated" in r for r in acc.refusals)

@@ -128,3 +128,24 @@ def test_bound_table_prints(smollm2, capsys):
     assert main(["bound", smollm2, "--target", "rtx5090", "--context", "512"]) == 0
     out = capsys.readouterr().out
     assert "token floor" in out and "ceiling" in out and "kv_cache" in out
+
+
+def test_host_is_measured_once_then_cached(tmp_path, monkeypatch):
+    """`host` is this machine: measured through tinygrad on first use, then read from the cache."""
+    import subprocess
+    import sys
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path), "DEV": "CPU"}
+    code = ("from boltbeam.bound.targets import get_target; t = get_target('host'); "
+            "print(t.facts['measured_bandwidth'].status, t.bandwidth)")
+    # In a fresh process: tinygrad compiles there, not in this test process.
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    status, bandwidth = first.stdout.split()
+    assert status == "measured" and float(bandwidth) > 1e8
+    cache = tmp_path / "boltbeam" / "host.toml"
+    assert cache.is_file()
+    # The second use reads the cache: measuring again would fail here.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    import boltbeam.bound.measure_target as mt
+    monkeypatch.setattr(mt, "measure", lambda **kw: (_ for _ in ()).throw(AssertionError("measured twice")))
+    assert get_target("host").bandwidth == float(bandwidth)

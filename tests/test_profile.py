@@ -91,8 +91,9 @@ def test_compare_a_trace_with_itself_and_export(tiny_trace, tmp_path, capsys):
     assert sum(e.get("cat") != "user_annotation" and e["ph"] == "X" for e in events) == len(t.kernels)
 
 
-def test_smollm2_tied_output_projection_is_found(smollm2, tmp_path):
-    t = profile(smollm2, tmp_path / "smollm2.json", "--context", "4", "--tokens", "1", "--no-hash")
+def test_smollm2_tied_output_projection_is_found(smollm2, tmp_path, capsys):
+    path = tmp_path / "smollm2.json"
+    t = profile(smollm2, path, "--context", "4", "--tokens", "2", "--no-hash")
     kernels = t.kernels_of_token(0)
     output = [k for k in kernels if k.role == "output"]
     assert len(output) == 1 and output[0].tensors == ["token_embd.weight"]
@@ -100,6 +101,13 @@ def test_smollm2_tied_output_projection_is_found(smollm2, tmp_path):
     census = take_census(smollm2)
     assert {k.role for k in kernels if k.category == "weights"} == {
         r for r, v in census.roles().items() if read_kind(r) in ("table", "row")}
+    # The same pipeline on: account (with the vocabulary line the tied table feeds) and compare.
+    code = main(["account", str(path), "--model", smollm2, "--target", "host-like", "--targets", _host_like(), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code in (0, 3) and (code == 0) == (d["closed"] and not d["refusals"])
+    output = next(line for line in d["lines"] if line.get("role") == "output")
+    assert output["measured_us"] > 0 and output["floor_us"] > 0
+    assert main(["compare", str(path), str(path), "--json"]) == 0
 
 
 def test_bad_input_to_profile(tmp_path, capsys):
@@ -108,3 +116,10 @@ def test_bad_input_to_profile(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err and not out.exists()
     assert main(["profile", str(tmp_path / "x.gguf"), "--device", "CPU", "--warmup", "1", "--out", str(out)]) == 2
     assert not out.exists()
+    capsys.readouterr()
+
+
+def test_graph_timing_needs_cuda(tiny_model, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["profile", tiny_model, "--device", "CPU", "--timing", "graph", "--out", str(out)]) == 2
+    assert "needs CUDA" in capsys.readouterr().err and not out.exists()

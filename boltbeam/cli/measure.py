@@ -33,6 +33,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
     p.add_argument("--beam", type=int, default=0, metavar="N",
                    help="let tinygrad's BEAM search (width N) choose the decode kernels' opts")
+    p.add_argument("--timing", choices=["launch", "graph"], default="launch",
+                   help="kernel pass: kernels launched one by one and timed each (default), or event nodes "
+                        "inside tinygrad's CUDA graphs (CUDA only; the nodes cost time of their own)")
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -52,7 +55,7 @@ def _profile(args: argparse.Namespace) -> int:
                   console=report.console(), transient=True) as bar:
         task = bar.add_task("loading and compiling", total=total)
         trace = profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                        model_hash=not args.no_hash, beam=args.beam,
+                        model_hash=not args.no_hash, beam=args.beam, timing=args.timing,
                         progress=lambda stage, n: bar.update(task, advance=n, description=stage))
     return _save_and_summarize(trace, args, f"profiled {model}")
 

@@ -35,6 +35,11 @@ from boltbeam.read.roles import ROLES
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NORM_ROLES = {r for r, (kind, _) in ROLES.items() if kind == "vector"}
+TIMING = {
+    "graph": "CUDA event nodes before and after every kernel node of the JIT's CUDA graphs; read once per token",
+    "launch": "kernels launched one by one (JIT=2), CUDA events around each launch; one synchronize per token",
+    "wait": "kernels launched one by one (JIT=2), tinygrad's own per-kernel timing (wait=True): each synchronized",
+}
 
 
 @dataclass
@@ -58,7 +63,7 @@ class _CudaEvents:
     """A pool of CUDA events recorded on the launch stream around each kernel; read once per token."""
     def __init__(self):
         from tinygrad.runtime.autogen import cuda
-        self.cuda, self.pool, self.used = cuda, [], 0
+        self.cuda, self.pool, self.used, self.pool_kept = cuda, [], 0, []
 
     def _event(self):
         if self.used == len(self.pool):
@@ -73,6 +78,13 @@ class _CudaEvents:
         self.cuda.cuEventRecord(ev, None)
         return ev
 
+    def kept(self):
+        """An event outside the pool, for a graph node that records it on every replay."""
+        ev = self.cuda.CUevent()
+        self.cuda.cuEventCreate(ctypes.byref(ev), 0)
+        self.pool_kept.append(ev)
+        return ev
+
     def elapsed_s(self, a, b) -> float:
         ms = ctypes.c_float()
         self.cuda.cuEventElapsedTime(ctypes.byref(ms), a, b)
@@ -85,17 +97,24 @@ class _CudaEvents:
 @dataclass
 class Recorder:
     device: str
+    timing: str = "launch"        # "launch": around each launch; "graph": event nodes inside CUDA graphs
     active: bool = False
+    instrument_graphs: bool = False
     launches: list[Launch] = field(default_factory=list)
     events: _CudaEvents | None = None
+    graph_events: dict[int, list[tuple]] = field(default_factory=dict)   # graph runner -> (start, end) per kernel
 
     def __post_init__(self):
         if self.device.startswith("CUDA"):
             self.events = _CudaEvents()
+        elif self.timing == "graph":
+            raise BadInput("--timing graph needs CUDA (tinygrad's CUDA graphs); use --timing launch")
 
     @contextlib.contextmanager
     def install(self):
-        """Wrap tinygrad's per-call stats hook (and, off CUDA, ask it to time each kernel)."""
+        """Wrap tinygrad's per-call stats hook (and, off CUDA, ask it to time each kernel); with graph
+        timing, also put an event node before and after every kernel node of the graphs built while
+        `instrument_graphs` is set."""
         from tinygrad.engine import jit, realize
         from tinygrad.uop.ops import Ops, sym_infer
         orig_track, orig_run = realize.track_stats, jit.run_linear
@@ -104,11 +123,16 @@ class Recorder:
         @contextlib.contextmanager
         def track_stats(ctx, call, device, bufs, var_vals):
             ast = call.src[0]
+            if rec.active and rec.timing == "graph" and ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
+                with orig_track(ctx, call, device, bufs, var_vals) as et:
+                    yield et
+                rec._graph_launches(realize.get_graph_runtime(ast), var_vals, Ops, sym_infer)
+                return
             if not rec.active or ast.op not in (Ops.PROGRAM, Ops.COPY):
                 with orig_track(ctx, call, device, bufs, var_vals) as et:
                     yield et
                 return
-            launch = rec._launch(call, ast, bufs, var_vals, Ops, sym_infer, realize)
+            launch = rec._launch(ast, bufs, var_vals, Ops, sym_infer)
             start = rec.events.record() if rec.events else None
             launch.host_start = time.perf_counter()
             with orig_track(ctx, call, device, bufs, var_vals) as et:
@@ -125,25 +149,69 @@ class Recorder:
             return orig_run(*args, **kwargs)
 
         realize.track_stats, jit.run_linear = track_stats, run_linear
+        with self._graph_nodes() if self.timing == "graph" else contextlib.nullcontext():
+            try:
+                yield self
+            finally:
+                realize.track_stats, jit.run_linear = orig_track, orig_run
+
+    @contextlib.contextmanager
+    def _graph_nodes(self):
+        from tinygrad.runtime.autogen import cuda
+        from tinygrad.runtime.graph import cuda as cuda_graph
+        from tinygrad.runtime.ops_cuda import check
+        orig_add, orig_init = cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__
+        rec, pending = self, []
+
+        def add_kernel_node(node_ref, graph, deps, n_deps, params):
+            if not rec.instrument_graphs:
+                return orig_add(node_ref, graph, deps, n_deps, params)
+            start, end = rec.events.kept(), rec.events.kept()
+            start_node, end_node = cuda.CUgraphNode(), cuda.CUgraphNode()
+            check(cuda.cuGraphAddEventRecordNode(ctypes.byref(start_node), graph, deps, n_deps, start))
+            status = orig_add(node_ref, graph, (cuda.CUgraphNode * 1)(start_node), 1, params)
+            check(status)
+            check(cuda.cuGraphAddEventRecordNode(ctypes.byref(end_node), graph, (cuda.CUgraphNode * 1)(node_ref._obj), 1, end))
+            pending.append((start, end))
+            return status
+
+        def init(graph_runner, *args, **kwargs):
+            pending.clear()
+            orig_init(graph_runner, *args, **kwargs)
+            if rec.instrument_graphs:
+                rec.graph_events[id(graph_runner)] = list(pending)
+
+        cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__ = add_kernel_node, init
         try:
-            yield self
+            yield
         finally:
-            realize.track_stats, jit.run_linear = orig_track, orig_run
+            cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__ = orig_add, orig_init
+
+    def _graph_launches(self, runner, var_vals, Ops, sym_infer) -> None:
+        pairs = self.graph_events.get(id(runner))
+        if pairs is None:
+            raise Refused("adapter-incomplete: a CUDA graph ran that was built without BoltBeam's event nodes")
+        kernels = [(ast, bufs) for _, ast, bufs, _ in runner.calls if ast.op is Ops.PROGRAM]
+        for (ast, bufs), events in zip(kernels, pairs, strict=True):
+            launch = self._launch(ast, bufs, var_vals, Ops, sym_infer)
+            launch.events = events
+            self.launches.append(launch)
 
     @staticmethod
-    def _launch(call, ast, bufs, var_vals, Ops, sym_infer, realize) -> Launch:
+    def _launch(ast, bufs, var_vals, Ops, sym_infer) -> Launch:
         if ast.op is Ops.COPY:
             return Launch(name=f"copy {bufs[0].nbytes} B", op="copy", global_size=None, local_size=None, opts=None,
                           ops=0, mem=2 * bufs[0].nbytes, reads=[bufs[1]], writes=[bufs[0]])
         info = ast.arg
         gs, ls = info.launch_dims(var_vals)
-        est = realize.estimate_uop(call)
         kinfo = ast.src[0].arg
+        est = kinfo.estimates
         opts = [str(o) for o in getattr(kinfo, "applied_opts", ()) or ()]
         outs = set(info.outs)
         return Launch(name=ANSI.sub("", info.name), op="kernel", global_size=[int(g) for g in gs],
                       local_size=None if ls is None else [int(x) for x in ls], opts=opts,
-                      ops=int(sym_infer(est.ops, var_vals)), mem=int(sym_infer(est.mem, var_vals)),
+                      ops=None if est is None else int(sym_infer(est.ops, var_vals)),
+                      mem=None if est is None else int(sym_infer(est.mem, var_vals)),
                       reads=[b for i, b in enumerate(bufs) if i not in outs or i in set(info.ins)],
                       writes=[b for i, b in enumerate(bufs) if i in outs])
 
@@ -154,6 +222,8 @@ class Recorder:
         if self.events:
             first = self.launches[0].events[0]
             out = [(l, self.events.elapsed_s(first, l.events[0]), self.events.elapsed_s(*l.events)) for l in self.launches]
+            t0 = min(start for _, start, _ in out)   # inside a graph, the first node submitted need not start first
+            out = [(l, start - t0, dur) for l, start, dur in out]
         else:
             t0 = self.launches[0].host_start
             out = [(l, l.host_start - t0, l.duration_s or 0.0) for l in self.launches]
@@ -266,10 +336,14 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
 
 
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
-            beam: int = 0, progress: Callable[[str, int], None] | None = None) -> Trace:
+            beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
-    heuristics: its kernels never run in a measured token)."""
+    heuristics: its kernels never run in a measured token). `timing` is how the kernel pass times
+    kernels: "launch" (the default) launches them one by one and times each launch; "graph" (CUDA
+    only) records an event node before and after every kernel node of the JIT's CUDA graphs, so
+    kernels run concurrently as users run them, at the price of the event nodes (on the H200 they
+    added 2.8% to an 8B token: bench/h200/README.md)."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     census = take_census(model)
@@ -286,7 +360,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
         raise BadInput(f"context {context} plus {2 * (warmup + tokens)} decoded tokens exceeds the model's "
                        f"context length {census.facts.context_length}")
     tick = progress or (lambda stage, n: None)
-    rec = Recorder(device)
+    rec = Recorder(device, timing or "launch")
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
     with rec.install():
@@ -327,10 +401,11 @@ def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model
     rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
     classifier = Classifier(census, path.stat().st_size, kv_bases, rope_bases)
     net.rollout_jit = TinyJit(net.forward)
+    rec.instrument_graphs = rec.timing == "graph"
     kernels: list[Kernel] = []
     kernel_walls: list[float] = []
     depths: list[int] = []
-    with Context(JIT=2, BEAM=beam):
+    with Context(JIT=2, BEAM=beam) if rec.timing == "launch" else Context(BEAM=beam):
         for _ in range(warmup):
             next(gen)
             tick("warm-up", 1)
@@ -366,6 +441,5 @@ def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model
         kernel_pass_wall_us=kernel_walls, kernels=kernels,
         provenance={"source": "profile", "tool_version": __version__,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "timing": "CUDA events around each launch, one synchronize per token" if rec.events
-                    else "tinygrad per-kernel timing (wait=True): each kernel synchronized",
+                    "timing": TIMING[rec.timing if rec.events else "wait"],
                     "inputs": [{"path": str(path), "sha256": None}]})
