@@ -106,7 +106,7 @@ def test_targets_registry_has_facts_with_provenance(capsys):
 
 
 @pytest.mark.parametrize("body,message", [
-    ('[x]\nmemory_bandwidth = 5\n', "needs value, unit"),
+    ('[x]\nmemory_bandwidth = 5\n', "needs a value and unit"),
     ('[x]\nmemory_bandwidth = { value = 1e12, unit = "B/s", status = "guess", source = "s", date = "d" }\n', "status"),
     ('[x]\nmultiprocessors = { value = 10, unit = "count", status = "spec", source = "s", date = "d" }\n', "memory_bandwidth"),
     ('not toml [', "not valid TOML"),

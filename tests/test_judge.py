@@ -285,7 +285,7 @@ def test_cli_expect_refuses_another_verdict(files, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--candidate", "missing.json"], "no such file"),
-    (["--candidate", "strings.json"], "'token_wall_us' must be a list of numbers"),
+    (["--candidate", "strings.json"], "'token_wall_us' must be a list of token times"),
     (["--checks", "typo.json"], "unknown key 'alhpa'"),
     (["--expect", "promoted"], "invalid choice: 'promoted'"),
     (["--floor-us", "-5"], "positive number of µs"),

@@ -12,17 +12,19 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from boltbeam.account.tieout import kernels_by_token, role_of
+from boltbeam.account.tieout import role_of
 from boltbeam.bound.roofline import Bound
 from boltbeam.errors import Refused
 from boltbeam.measure.trace import Kernel, Trace
-from boltbeam.read.roles import REGION_OF_ROLE
+from boltbeam.read import roles
 
-REGIONS = ("qkv", "attn_output", "gate_up", "down", "norms", "attention", "vocabulary", "other")
+# The weight regions come from the roles; attention and everything else are added here.
+REGIONS = (*roles.REGIONS, "attention", "other")
+REGION_OF_ROLE = roles.REGION_OF_ROLE
 REGION_OF_CATEGORY = {"attention": "attention", "kv_write": "attention", "rope": "attention", "norm": "norms"}
 REGION_OF_FLOOR = {"kv_cache": "attention"}
 # Without roles a side's weight time all lands in "other": these regions then say nothing.
-ROLE_REGIONS = ("qkv", "attn_output", "gate_up", "down", "vocabulary", "other")
+ROLE_REGIONS = (*(r for r in roles.REGIONS if r != "norms"), "other")
 
 
 def region_of(k: Kernel) -> str:
@@ -42,7 +44,7 @@ def region_floors(bound: Bound) -> dict[str, float]:
 def region_times(trace: Trace) -> dict[str, float]:
     """Per-token median of each region's summed kernel time."""
     per_token = []
-    for kernels in kernels_by_token(trace).values():
+    for kernels in trace.by_token().values():
         d: dict[str, float] = defaultdict(float)
         for k in kernels:
             d[region_of(k)] += k.duration_us

@@ -127,14 +127,6 @@ def role_of(k: Kernel) -> str | None:
     return k.role if k.role and k.category in ("weights", "norm") else None
 
 
-def kernels_by_token(trace: Trace) -> dict[int, list[Kernel]]:
-    """Each measured token's kernels in launch order (index), tokens in order."""
-    groups: dict[int, list[Kernel]] = defaultdict(list)
-    for k in trace.kernels:
-        groups[k.token].append(k)
-    return {t: sorted(groups[t], key=lambda k: k.index) for t in sorted(groups)}
-
-
 def _median_of(per_token: Iterable[dict[str, float]], key: str) -> float:
     return median(d.get(key, 0.0) for d in per_token)
 
@@ -261,7 +253,7 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
     elif context != bound.context:
         notes.append(f"the trace decoded at context {context}; the bound is at context {bound.context}")
     bandwidth = bound.bandwidth_bytes_per_s
-    groups = kernels_by_token(trace)
+    groups = trace.by_token()
     tokens = list(groups)
 
     # Per token: each role's and each category's time and bytes, and the timeline.

@@ -117,17 +117,17 @@ def _line(role: str, nbytes: int, flops: int, unit: str, rate: float | None, bw:
 
 
 def _tensor_flops(t: TensorEntry, census: Census, batch: int) -> int:
-    kind = read_kind(t.role) if t.role else "table"
+    kind = read_kind(t.role)
     if kind in ("row", "vector"):
         return 0 if kind == "row" else 2 * t.elements * batch   # a scale (and its sum) per element
     flops = 2 * t.elements * batch
-    if kind == "experts" and census.facts.expert_count:
+    if kind == "experts" and census.facts.expert_count and census.facts.expert_used:
         flops = flops * census.facts.expert_used // census.facts.expert_count
     return flops
 
 
 def _tensor_bytes(t: TensorEntry, census: Census, batch: int) -> int:
-    kind = read_kind(t.role) if t.role else "table"
+    kind = read_kind(t.role)
     if kind == "row":
         return t.bytes_per_token * batch
     if kind == "experts" and census.facts.expert_count and census.facts.expert_used:
@@ -151,7 +151,7 @@ def bound(census: Census, target: Target, context: int = 0, batch: int = 1,
         unit, rate = _unit(target, t.format, batch)
         nbytes, flops = _tensor_bytes(t, census, batch), _tensor_flops(t, census, batch)
         cross = None
-        if flops and read_kind(t.role or "output") in ("table", "experts"):
+        if flops and read_kind(t.role) in ("table", "experts"):
             # Weights are read once per step whatever the batch while the arithmetic grows with it,
             # on the batched unit: past this batch (or prefill length) the table is compute-bound.
             batched_rate = _unit(target, t.format, 2)[1]
@@ -195,7 +195,7 @@ def bound(census: Census, target: Target, context: int = 0, batch: int = 1,
         notes.append("the file lacks head counts or head size: KV cache not bounded")
     # Every weight table's input is read and output written once per sequence.
     act = sum((t.shape[0] + t.rows) * ACTIVATION_BYTES * batch for t in census.tensors
-              if t.role and read_kind(t.role) in ("table", "experts"))
+              if read_kind(t.role) in ("table", "experts"))
     roles["activations"] = _line("activations", act, 0, "peak_fp32", fp32, bw)
     return Bound(target=target.name, bandwidth_bytes_per_s=bw, bandwidth_fact=bw_name, context=context,
                  batch=batch, kv_bytes_per_element=kv_bytes_per_element, roles=list(roles.values()),

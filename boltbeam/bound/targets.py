@@ -57,8 +57,9 @@ def _parse(name: str, body: Any, where: str) -> Target:
     for key, f in body.items():
         if key == "description":
             continue
-        if not isinstance(f, dict) or not {"value", "unit", "status", "source", "date"} <= f.keys():
-            raise BadInput(f"{where}: {name}.{key} needs value, unit, status, source and date")
+        if not isinstance(f, dict) or not {"value", "unit", "status", "source", "date"} <= f.keys() \
+                or not all(isinstance(f[k], str) for k in ("unit", "status", "source", "date")):
+            raise BadInput(f"{where}: {name}.{key} needs a value and unit, status, source and date as strings")
         if f["status"] not in STATUSES:
             raise BadInput(f"{where}: {name}.{key}: status {f['status']!r} is not one of {', '.join(STATUSES)}")
         if not isinstance(f["value"], (int, float)) or isinstance(f["value"], bool) or f["value"] <= 0:
@@ -92,7 +93,11 @@ def registry(extra_files: list[str] | None = None) -> dict[str, Target]:
         p = Path(path)
         if not p.is_file():
             raise BadInput(f"targets file {p}: no such file")
-        targets.update(_load_file(p.read_text(), str(p)))
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInput(f"targets file {p}: unreadable ({e.__class__.__name__})") from None
+        targets.update(_load_file(text, str(p)))
     cache = host_cache_path()
     if HOST not in targets and cache.is_file():
         targets.update(_load_file(cache.read_text(), str(cache)))

@@ -63,15 +63,30 @@ def _check_model(trace: Trace, model: str) -> None:
                       f"{model} hashes to {actual[:16]}… (--no-hash-check to account anyway)")
 
 
+def _model_of(trace: Trace) -> str:
+    """The model file a trace ran, when --model is not given: its recorded path if that file is here,
+    else the embedded default if the trace's hash says it ran that; never a guess."""
+    from boltbeam.cli.read import default_model
+    from boltbeam.files import sha256_file
+    path, sha = trace.environment.get("model_path"), trace.environment.get("model_sha256")
+    if path and Path(path).is_file():
+        return path
+    try:
+        default = default_model()
+    except BadInput:
+        default = None
+    if sha and default and sha256_file(default) == sha:
+        return default
+    raise BadInput(f"the trace's model ({path or 'no path recorded'}) is not here: pass --model MODEL.gguf")
+
+
 def run_account(args: argparse.Namespace) -> int:
     from boltbeam.account.tieout import account
-    from boltbeam.cli.read import default_model
     from boltbeam.measure import trace as tracefile
     if args.load_bytes < 1:
         raise BadInput("--load-bytes must be >= 1")
     trace = tracefile.load(args.trace)
-    trace_model = trace.environment.get("model_path")
-    model = args.model or (trace_model if trace_model and Path(trace_model).is_file() else default_model())
+    model = args.model or _model_of(trace)
     b, target = _bound_for(model, args, trace)
     if not args.no_hash_check:
         _check_model(trace, model)

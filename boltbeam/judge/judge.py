@@ -245,9 +245,7 @@ def _below_floor(name: str, trace: Trace, checks: Checks) -> list[str]:
     """Tokens (or a role's kernels within one token) measured faster than physics allows."""
     errors = []
     fastest = min(trace.token_wall_us, default=None)
-    if fastest is not None and fastest <= 0:
-        errors.append(f"{MEASUREMENT_ERROR} the {name} trace holds a token of {fastest:g} µs")
-    elif fastest is not None and checks.token_floor_us is not None and fastest < checks.token_floor_us:
+    if fastest is not None and checks.token_floor_us is not None and fastest < checks.token_floor_us:
         below = sum(t < checks.token_floor_us for t in trace.token_wall_us)
         errors.append(f"{MEASUREMENT_ERROR} {below} of the {name}'s {len(trace.token_wall_us)} tokens are faster "
                       f"than the physics floor of {checks.token_floor_us:,.1f} µs (fastest {fastest:,.1f} µs)")
@@ -320,16 +318,10 @@ def faster_gate(effect: Effect | None, baseline: Trace, candidate: Trace, checks
                              f"{checks.alpha:g} and the whole interval beyond {checks.threshold:.1%})")
 
 
-def _byte_count(trace: Trace, key: str) -> int | None:
-    value = trace.memory.get(key)
-    if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        raise BadInput(f"candidate trace: memory {key!r} must be a byte count or null, not {value!r}")
-    return value
-
-
 def memory_gate(candidate: Trace, capacity_bytes: int | None) -> Gate:
-    peak = _byte_count(candidate, "peak_bytes")
-    capacity = capacity_bytes if capacity_bytes is not None else _byte_count(candidate, "capacity_bytes")
+    # trace.load has checked both are byte counts or null
+    peak = candidate.memory.get("peak_bytes")
+    capacity = capacity_bytes if capacity_bytes is not None else candidate.memory.get("capacity_bytes")
     if peak is None:
         return Gate(NO_EVIDENCE, "the candidate trace records no peak memory, so the fit on the target is unchecked")
     if capacity is None:

@@ -234,7 +234,8 @@ class Recorder:
 
 
 class Classifier:
-    """Maps a launch to (category, role, tensors) from the buffers it touches, never from names."""
+    """Maps a launch to (category, role, tensors) from the buffers it touches, never from tensor or
+    model names; only a kernel that touches nothing it can place falls back on tinygrad's kind prefix."""
     def __init__(self, census: Census, file_size: int, kv_bases: set[int], rope_bases: set[int]):
         self.tensors = sorted((t for t in census.tensors if not t.tied), key=lambda t: t.data_offset)
         self.offsets = [t.data_offset for t in self.tensors]
@@ -343,7 +344,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     kernels: "launch" (the default) launches them one by one and times each launch; "graph" (CUDA
     only) records an event node before and after every kernel node of the JIT's CUDA graphs, so
     kernels run concurrently as users run them, at the price of the event nodes (on the H200 they
-    added 2.8% to an 8B token: bench/h200/README.md)."""
+    added 2.8% to the token of a 5 GB model: bench/h200/README.md)."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     census = take_census(model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from boltbeam.errors import BadInput
 from boltbeam.files import load_json, write_json
@@ -67,23 +67,68 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
 
+    def by_token(self) -> dict[int, list[Kernel]]:
+        """Each measured token's kernels in launch order (index), tokens in order."""
+        groups: dict[int, list[Kernel]] = {}
+        for k in self.kernels:
+            groups.setdefault(k.token, []).append(k)
+        return {t: sorted(groups[t], key=lambda k: k.index) for t in sorted(groups)}
+
     def kernels_of_token(self, token: int) -> list[Kernel]:
-        return [k for k in self.kernels if k.token == token]
+        return self.by_token().get(token, [])
 
     @property
     def kernel_tokens(self) -> list[int]:
         return sorted({k.token for k in self.kernels})
 
 
-def _num_list(d: dict, key: str, where: str, allow_empty: bool = True) -> list[float]:
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+
+
+# What each kernel field may hold: (check, what the error says it must be).
+_KERNEL_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "token": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+    "index": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "duration_us": (lambda v: _is_num(v) and v >= 0, "a finite number >= 0"),
+    "start_us": (lambda v: v is None or (_is_num(v) and v >= 0), "a finite number >= 0 or null"),
+    "role": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "category": (lambda v: v in CATEGORIES, f"one of {', '.join(CATEGORIES)}"),
+    "tensors": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "bytes": (lambda v: v is None or (_is_int(v) and v >= 0), "a byte count or null"),
+    "flops": (lambda v: v is None or (_is_int(v) and v >= 0), "a whole number >= 0 or null"),
+    "global_size": (lambda v: v is None or (isinstance(v, list) and all(_is_int(x) and x > 0 for x in v)),
+                    "a list of positive whole numbers or null"),
+    "local_size": (lambda v: v is None or (isinstance(v, list) and all(_is_int(x) and x > 0 for x in v)),
+                   "a list of positive whole numbers or null"),
+    "opts": (lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a list of strings or null"),
+}
+
+
+def _walls(d: dict, key: str, where: str) -> list[float]:
     v = d.get(key, [])
-    if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-        raise BadInput(f"{where}: '{key}' must be a list of numbers")
-    if any(not math.isfinite(x) or x < 0 for x in v):
-        raise BadInput(f"{where}: '{key}' holds a negative or non-finite value")
-    if not allow_empty and not v:
-        raise BadInput(f"{where}: '{key}' is empty")
+    if not isinstance(v, list) or not all(_is_num(x) and x > 0 for x in v):
+        raise BadInput(f"{where}: '{key}' must be a list of token times in µs, each finite and > 0")
     return [float(x) for x in v]
+
+
+def _kernel(k: Any, i: int, where: str) -> Kernel:
+    if not isinstance(k, dict):
+        raise BadInput(f"{where}: kernel {i} must be an object")
+    try:
+        kern = Kernel(**k)
+    except TypeError as e:
+        raise BadInput(f"{where}: kernel {i}: {e}") from None
+    for name, (ok, must) in _KERNEL_FIELDS.items():
+        if not ok(getattr(kern, name)):
+            raise BadInput(f"{where}: kernel {i} ({kern.name!r}): '{name}' must be {must}, not {getattr(kern, name)!r}")
+    return kern
 
 
 def from_dict(d: Any, where: str = "trace") -> Trace:
@@ -94,27 +139,35 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
     for key in ("environment", "workload", "route", "provenance"):
         if not isinstance(d.get(key), dict):
             raise BadInput(f"{where}: '{key}' must be an object")
+    for key in ("context", "batch", "tokens"):
+        v = d["workload"].get(key)
+        if v is not None and not (_is_int(v) and v >= 0):
+            raise BadInput(f"{where}: workload '{key}' must be a whole number >= 0 or null, not {v!r}")
+    for key in ("model_sha256", "model_path", "engine", "device"):
+        v = d["environment"].get(key)
+        if v is not None and not isinstance(v, str):
+            raise BadInput(f"{where}: environment '{key}' must be a string or null, not {v!r}")
+    label = d["route"].get("label")
+    if label is not None and not isinstance(label, str):
+        raise BadInput(f"{where}: route 'label' must be a string or null, not {label!r}")
     out_tokens = d.get("output_tokens")
-    if out_tokens is not None and (not isinstance(out_tokens, list) or not all(isinstance(t, int) for t in out_tokens)):
+    if out_tokens is not None and (not isinstance(out_tokens, list) or not all(_is_int(t) for t in out_tokens)):
         raise BadInput(f"{where}: 'output_tokens' must be a list of integers or null")
-    kernels = []
-    for i, k in enumerate(d.get("kernels") or []):
-        try:
-            kern = Kernel(**k)
-        except TypeError as e:
-            raise BadInput(f"{where}: kernel {i}: {e}") from None
-        if not isinstance(kern.duration_us, (int, float)) or not math.isfinite(kern.duration_us) or kern.duration_us < 0:
-            raise BadInput(f"{where}: kernel {i} ({kern.name}): bad duration_us {kern.duration_us!r}")
-        if kern.category not in CATEGORIES:
-            raise BadInput(f"{where}: kernel {i} ({kern.name}): unknown category {kern.category!r}")
-        kernels.append(kern)
     memory = d.get("memory") or {"peak_bytes": None, "capacity_bytes": None}
     if not isinstance(memory, dict):
         raise BadInput(f"{where}: 'memory' must be an object")
+    for key in ("peak_bytes", "capacity_bytes"):
+        v = memory.get(key)
+        if v is not None and not (_is_int(v) and v >= 0):
+            raise BadInput(f"{where}: memory '{key}' must be a byte count or null, not {v!r}")
+    kernels = d.get("kernels") or []
+    if not isinstance(kernels, list):
+        raise BadInput(f"{where}: 'kernels' must be a list")
     return Trace(environment=d["environment"], workload=d["workload"], route=d["route"],
-                 token_wall_us=_num_list(d, "token_wall_us", where),
+                 token_wall_us=_walls(d, "token_wall_us", where),
                  provenance=d["provenance"], output_tokens=out_tokens, memory=memory,
-                 kernel_pass_wall_us=_num_list(d, "kernel_pass_wall_us", where), kernels=kernels)
+                 kernel_pass_wall_us=_walls(d, "kernel_pass_wall_us", where),
+                 kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)])
 
 
 def load(path: str) -> Trace:

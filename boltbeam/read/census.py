@@ -193,7 +193,7 @@ def take_census(path: str | os.PathLike) -> Census:
     facts = _facts(reader, arch, tensors)
 
     for t in tensors:
-        kind = read_kind(t.role) if t.role else "table"
+        kind = read_kind(t.role)
         if kind == "row":
             t.bytes_per_token = t.bytes // t.rows
         elif kind == "experts" and facts.expert_count and facts.expert_used:

@@ -67,8 +67,9 @@ REGIONS = {
 REGION_OF_ROLE = {role: region for region, roles in REGIONS.items() for role in roles}
 
 
-def read_kind(role: str) -> str:
-    return ROLES[role][0]
+def read_kind(role: str | None) -> str:
+    """How a decode token reads a tensor of this role; an unclassified tensor counts as read whole."""
+    return ROLES[role][0] if role else "table"
 
 
 def arch_of(name: str) -> MODEL_ARCH | None:

@@ -32,13 +32,12 @@ def kernel_offsets_us(kernels: list[Kernel]) -> list[float]:
 def token_layout(trace: Trace) -> list[tuple[int, float, list[tuple[Kernel, float]]]]:
     """(token, length µs, [(kernel, offset µs)]) per token, in order. A token's length is its
     kernel-pass wall when the trace has one per token, never shorter than its kernels' span."""
-    tokens = trace.kernel_tokens
-    if not tokens:  # whole-token figures only (e.g. llama-bench): spans from token_wall_us
+    groups = trace.by_token()
+    if not groups:  # whole-token figures only (e.g. llama-bench): spans from token_wall_us
         return [(i, wall, []) for i, wall in enumerate(trace.token_wall_us)]
-    walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(tokens) else None
+    walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(groups) else None
     layout = []
-    for i, token in enumerate(tokens):
-        kernels = sorted(trace.kernels_of_token(token), key=lambda k: k.index)
+    for i, (token, kernels) in enumerate(groups.items()):
         placed = list(zip(kernels, kernel_offsets_us(kernels)))
         span = max(offset + k.duration_us for k, offset in placed)
         layout.append((token, max(walls[i], span) if walls else span, placed))

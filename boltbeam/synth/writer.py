@@ -9,7 +9,6 @@ import os
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -18,6 +17,7 @@ from gguf.constants import MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
 from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
+from boltbeam.files import atomic_path
 from boltbeam.read.roles import arch_of
 
 Q = GGMLQuantizationType
@@ -162,13 +162,10 @@ def _vocabulary(n: int) -> Iterator[str]:
 
 def write(out: str | os.PathLike, arch: str, shape: Shape, mix: str, seed: int = 0, tied: bool = False,
           progress: Callable[[int], None] | None = None) -> list[Planned]:
-    """Write the file atomically (temporary name, then rename). `progress` receives bytes written."""
+    """Write the file all or nothing (files.atomic_path). `progress` receives bytes written."""
     planned = plan(arch, shape, mix, tied)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
     rng = np.random.default_rng(seed)
-    try:
+    with atomic_path(out) as tmp:
         w = GGUFWriter(tmp, arch)
         w.add_name(f"boltbeam synthetic {arch} {mix}")
         w.add_description("random but valid quant blocks; shape-true, not a trained model")
@@ -205,8 +202,4 @@ def write(out: str | os.PathLike, arch: str, shape: Shape, mix: str, seed: int =
             if progress:
                 progress(p.nbytes)
         w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return planned

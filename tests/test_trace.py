@@ -1,0 +1,84 @@
+"""The trace format: every field a reader relies on is checked when a trace is loaded, so bad
+input ends in one line and exit 2 in every command that reads traces."""
+import json
+
+import pytest
+
+from boltbeam.cli import main
+from boltbeam.measure.trace import FORMAT, VERSION
+
+
+def good() -> dict:
+    return {"format": FORMAT, "version": VERSION, "environment": {"engine": "test"}, "workload": {"context": 4},
+            "route": {"label": "r"}, "provenance": {"source": "test"}, "token_wall_us": [100.0, 101.0],
+            "kernel_pass_wall_us": [110.0], "output_tokens": [1, 2],
+            "memory": {"peak_bytes": 10, "capacity_bytes": 100},
+            "kernels": [{"token": 0, "index": 0, "name": "k", "duration_us": 50.0, "start_us": 0.0,
+                         "role": None, "category": "other", "tensors": [], "bytes": 10, "flops": 0,
+                         "global_size": [32], "local_size": [32], "opts": []}]}
+
+
+def kernel_field(key, value):
+    d = good()
+    d["kernels"][0][key] = value
+    return d
+
+
+def top(path, value):
+    d = good()
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return d
+
+
+BAD = [
+    (kernel_field("token", "a"), "'token' must be"),
+    (kernel_field("start_us", "x"), "'start_us' must be"),
+    (kernel_field("role", ["x"]), "'role' must be"),
+    (kernel_field("bytes", "x"), "'bytes' must be"),
+    (kernel_field("global_size", "ab"), "'global_size' must be"),
+    (kernel_field("category", "magic"), "'category' must be"),
+    (kernel_field("nonsense", 1), "unexpected keyword"),
+    (top(["workload", "context"], "x"), "workload 'context'"),
+    (top(["environment", "model_sha256"], 12345), "'model_sha256'"),
+    (top(["memory", "peak_bytes"], "lots"), "memory 'peak_bytes'"),
+    (top(["token_wall_us"], [0.0, 5.0]), "'token_wall_us'"),
+    (top(["kernels"], {"a": 1}), "'kernels' must be a list"),
+    (top(["route", "label"], 3), "route 'label'"),
+]
+
+
+@pytest.mark.parametrize("doc,message", BAD)
+def test_bad_traces_give_one_line_in_every_reader(tmp_path, capsys, doc, message):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "chrome.json"
+    for argv in (["account", str(path), "--target", "h200", "--model", "x.gguf"], ["compare", str(path), str(path)],
+                 ["export-trace", str(path), "--chrome", str(out)],
+                 ["judge", "--baseline", str(path), "--candidate", str(path)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    assert not out.exists()
+
+
+def test_a_good_trace_loads(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(good()))
+    assert main(["compare", str(path), str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["net_us"] == 0
+
+
+def test_account_needs_the_model_it_ran(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(top(["environment", "model_path"], str(tmp_path / "gone.gguf"))))
+    assert main(["account", str(path), "--target", "h200"]) == 2
+    assert "pass --model" in capsys.readouterr().err
+
+
+def test_writing_onto_a_folder_is_bad_input(tmp_path, capsys):
+    assert main(["synth", str(tmp_path), "--arch", "qwen3", "--preset", "tiny"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
