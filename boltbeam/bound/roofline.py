@@ -161,11 +161,12 @@ def bound(census: Census, target: Target, context: int = 0, batch: int = 1,
                              format=t.format, crossover_batch=cross))
 
     roles: dict[str, Line] = {}
+    batched: dict[str, list[float]] = {}   # role -> [memory µs, batched compute µs per sequence] of its tables
     for tl in tensors:
         r = roles.get(tl.role)
         if r is None:
             roles[tl.role] = Line(tl.role, tl.bytes, tl.flops, tl.unit, tl.floor_memory_us, tl.floor_compute_us,
-                                  count=1, format=tl.format, crossover_batch=tl.crossover_batch)
+                                  count=1, format=tl.format)
         else:
             r.bytes += tl.bytes
             r.flops += tl.flops
@@ -174,10 +175,13 @@ def bound(census: Census, target: Target, context: int = 0, batch: int = 1,
             r.count += 1
             if r.format != tl.format:
                 r.format = "mixed"
-            if tl.crossover_batch is not None:
-                # The role turns compute-bound when its summed batched arithmetic outgrows its summed bytes.
-                per_seq_compute = (r.floor_memory_us - tl.floor_memory_us) / r.crossover_batch if r.crossover_batch else 0
-                r.crossover_batch = r.floor_memory_us / (per_seq_compute + tl.floor_memory_us / tl.crossover_batch)
+        if tl.crossover_batch is not None:
+            acc = batched.setdefault(tl.role, [0.0, 0.0])
+            acc[0] += tl.floor_memory_us
+            acc[1] += tl.floor_memory_us / tl.crossover_batch
+    # A role turns compute-bound once its summed batched arithmetic outgrows its summed bytes.
+    for role, (memory_us, compute_us) in batched.items():
+        roles[role].crossover_batch = memory_us / compute_us
 
     f = census.facts
     fp32 = target.fact("peak_fp32")

@@ -50,6 +50,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from scipy import stats
 
+from boltbeam.account.tieout import role_of
 from boltbeam.errors import BadInput
 from boltbeam.files import load_json
 from boltbeam.judge.verdicts import (ADAPTER_INCOMPLETE, DEFER, DIAGNOSTIC, INCONCLUSIVE, NEEDS_REOPEN,
@@ -251,8 +252,8 @@ def _below_floor(name: str, trace: Trace, checks: Checks) -> list[str]:
                       f"than the physics floor of {checks.token_floor_us:,.1f} µs (fastest {fastest:,.1f} µs)")
     role_us: dict[tuple[int, str], float] = defaultdict(float)
     for k in trace.kernels:
-        if k.role in checks.role_floors_us:
-            role_us[k.token, k.role] += k.duration_us
+        if (role := role_of(k)) in checks.role_floors_us:
+            role_us[k.token, role] += k.duration_us
     for (token, role), us in sorted(role_us.items()):
         if us < checks.role_floors_us[role]:
             errors.append(f"{MEASUREMENT_ERROR} {role} took {us:,.1f} µs in the {name}'s token {token}, "
