@@ -252,49 +252,50 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
         notes.append(f"the trace does not say its context: bounded at context {bound.context}")
     elif context != bound.context:
         notes.append(f"the trace decoded at context {context}; the bound is at context {bound.context}")
-    bandwidth = bound.bandwidth_bytes_per_s
     groups = trace.by_token()
-    tokens = list(groups)
-
-    # Per token: each role's and each category's time and bytes, and the timeline.
-    per_token: list[dict[str, float]] = []
-    for kernels in groups.values():
-        d: dict[str, float] = defaultdict(float)
-        for k in kernels:
-            key = f"role:{role_of(k)}" if role_of(k) else f"cat:{k.category}"
-            d[key] += k.duration_us
-            d[f"n:{key}"] += 1
-            d[f"bytes:{key}"] += k.bytes or 0
-            d["kernels"] += k.duration_us
-        per_token.append(d)
-    timelines = [_timeline(ks) for ks in groups.values()]
-    timed = all(t is not None for t in timelines)
-    pass_walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(tokens) else None
-    if not timed:
-        notes.append("some kernels lack start_us: gaps, overlap and host time are not measured")
-    if not trace.kernel_pass_wall_us:
-        notes.append("the trace has no per-kernel-pass token walls: host time and the graph's saving are not measured")
-    elif pass_walls is None:
-        notes.append(f"{len(trace.kernel_pass_wall_us)} per-kernel-pass walls for {len(tokens)} kernel tokens: "
-                     f"host time is not measured")
-
-    by_role = {r.role: r for r in bound.roles}
-    trace_roles = {role_of(k) for k in trace.kernels} - {None}
-    unknown = sorted(trace_roles - by_role.keys())
-    if unknown:
-        notes.append(f"role(s) {', '.join(unknown)} are not in the model's census: counted with no floor")
-    kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
-    for k in trace.kernels:
-        if role_of(k):
-            kernels_of_role[role_of(k)].append(k)
-    bytes_known = {r: all(k.bytes is not None for k in ks) for r, ks in kernels_of_role.items()}
-
+    per_token = [_token_sums(kernels) for kernels in groups.values()]
     floor_us = bound.token_floor_us
     floor = Line("floor", "floor", floor_us, "floor",
                  f"the token's floor on {bound.target} at context {bound.context}, batch 1: {bound.bytes_per_step:,} B "
-                 f"at {_rate(bandwidth)} ({bound.bandwidth_fact}), or a role's arithmetic where that is slower",
-                 floor_us=floor_us)
+                 f"at {_rate(bound.bandwidth_bytes_per_s)} ({bound.bandwidth_fact}), or a role's arithmetic where "
+                 f"that is slower", floor_us=floor_us)
+    roles = _role_lines(trace, per_token, bound, target, load_bytes, notes)
+    boundaries = _boundary_lines(trace, per_token, bound)
+    overheads, overlap = _overhead_lines(trace, groups, notes)
+    if roles and target.fact(RESIDENT_FACT) is None:
+        notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
+    pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
+    return Account(wall_us=median(trace.token_wall_us), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
+                   kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
+                   tokens_used=len(groups), target=bound.target, context=bound.context, load_bytes=load_bytes,
+                   notes=notes)
 
+
+def _token_sums(kernels: list[Kernel]) -> dict[str, float]:
+    """One token's time, kernel count and bytes per role (or per category for kernels with no role)."""
+    d: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        role = role_of(k)
+        key = f"role:{role}" if role else f"cat:{k.category}"
+        d[key] += k.duration_us
+        d[f"n:{key}"] += 1
+        d[f"bytes:{key}"] += k.bytes or 0
+        d["kernels"] += k.duration_us
+    return d
+
+
+def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, target: Target, load_bytes: int,
+                notes: list[str]) -> list[Line]:
+    """Each weight role's time above its floor, with its causes; biggest gap first."""
+    bandwidth = bound.bandwidth_bytes_per_s
+    by_role = {r.role: r for r in bound.roles}
+    kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
+    for k in trace.kernels:
+        if role := role_of(k):
+            kernels_of_role[role].append(k)
+    unknown = sorted(kernels_of_role.keys() - by_role.keys())
+    if unknown:
+        notes.append(f"role(s) {', '.join(unknown)} are not in the model's census: counted with no floor")
     roles: list[Line] = []
     for role in [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS] + unknown:
         key = f"role:{role}"
@@ -319,7 +320,8 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                               f"the trace's role labels or the target's bandwidth are wrong",
                               role=role, measured_us=measured, floor_us=role_floor, kernels=n))
             continue
-        moved = _median_of(per_token, f"bytes:{key}") if bytes_known[role] else None
+        bytes_known = all(k.bytes is not None for k in kernels_of_role[role])
+        moved = _median_of(per_token, f"bytes:{key}") if bytes_known else None
         causes, unjudged = _causes(bl, kernels_of_role[role], moved, gap, target, bandwidth, load_bytes)
         if causes:
             sentences = [c.sentence for c in causes]
@@ -338,16 +340,20 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                           f"and output); no kernel of its own: they move inside the kernels above, so their floor "
                           f"is taken back out here", role="activations", measured_us=0.0, floor_us=act.floor_us,
                           kernels=0))
+    return sorted(roles, key=lambda line: -line.us)
 
-    boundaries: list[Line] = []
+
+def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound) -> list[Line]:
+    """One line per category of kernel that moves no weight; attention is measured against the KV floor."""
+    kv = next((r for r in bound.roles if r.role == "kv_cache"), None)
     categories = sorted({k.category for k in trace.kernels if not role_of(k)} | {"attention"},
                         key=list(BOUNDARY_CAUSES).index)
+    boundaries: list[Line] = []
     for cat in categories:
         key = f"cat:{cat}"
         measured, n = _median_of(per_token, key), round(_median_of(per_token, f"n:{key}"))
         label = "weights (no role)" if cat == "weights" else cat
-        if cat == "attention" and "kv_cache" in by_role:
-            kv = by_role["kv_cache"]
+        if cat == "attention" and kv is not None:
             boundaries.append(Line(label, "boundary", measured - kv.floor_us, "attention",
                                    f"attention: {n} kernel(s), {_us(measured)} against the KV cache's floor of "
                                    f"{_us(kv.floor_us)} ({kv.bytes:,} B read and written at context {bound.context})",
@@ -357,7 +363,22 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                 "boundary": "a launch, copy or conversion that need not exist"}.get(BOUNDARY_CAUSES[cat], "needed work")
         boundaries.append(Line(label, "boundary", measured, BOUNDARY_CAUSES[cat],
                                f"{label}: {n} kernel(s), {_us(measured)}: {what}", measured_us=measured, kernels=n))
+    return sorted(boundaries, key=lambda line: -line.us)
 
+
+def _overhead_lines(trace: Trace, groups: dict[int, list[Kernel]], notes: list[str]) -> tuple[list[Line], float]:
+    """Gaps, host time and overlap from the device timeline, and the graph's measured saving; and the
+    median overlap (the inflation check needs it)."""
+    timelines = [_timeline(ks) for ks in groups.values()]
+    timed = all(t is not None for t in timelines)
+    pass_walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(groups) else None
+    if not timed:
+        notes.append("some kernels lack start_us: gaps, overlap and host time are not measured")
+    if not trace.kernel_pass_wall_us:
+        notes.append("the trace has no per-kernel-pass token walls: host time and the graph's saving are not measured")
+    elif pass_walls is None:
+        notes.append(f"{len(trace.kernel_pass_wall_us)} per-kernel-pass walls for {len(groups)} kernel tokens: "
+                     f"host time is not measured")
     overheads: list[Line] = []
     overlap = 0.0
     if timed:
@@ -372,19 +393,10 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                                   "the per-kernel pass's token wall minus its device span (first kernel's start to "
                                   "the end of the last to start)"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
-    pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
-    wall = median(trace.token_wall_us)
-    if pass_wall is not None:
+    if trace.kernel_pass_wall_us:
+        wall, pass_wall = median(trace.token_wall_us), median(trace.kernel_pass_wall_us)
         overheads.append(Line("graph", "graph", wall - pass_wall, "graph",
                               f"the JIT graph's saving, measured: graph token {_us(wall)} (median of "
                               f"{len(trace.token_wall_us)}) minus per-kernel-pass token {_us(pass_wall)} (median of "
                               f"{len(trace.kernel_pass_wall_us)})"))
-
-    roles.sort(key=lambda line: -line.us)
-    boundaries.sort(key=lambda line: -line.us)
-    if roles and target.fact(RESIDENT_FACT) is None:
-        notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
-    return Account(wall_us=wall, floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
-                   kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
-                   tokens_used=len(tokens), target=bound.target, context=bound.context, load_bytes=load_bytes,
-                   notes=notes)
+    return overheads, overlap
