@@ -5,7 +5,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 if [ ! -e /tmp/llama-build.started ] && [ -d .llama/llama.cpp ]; then
   touch /tmp/llama-build.started
-  setsid nohup bash -c "cd .llama/llama.cpp && cmake -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  # Build from a copy: each device call re-copies the working tree, which would pull sources from
+  # under a background build of .llama/ itself.
+  cp -r .llama/llama.cpp /tmp/llama-src
+  setsid nohup bash -c "cd /tmp/llama-src && cmake -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_COMMIT=0c1e57098 -DLLAMA_BUILD_NUMBER=0 \
     && cmake --build /tmp/lb -j12 --target llama-bench && touch /tmp/llama-build.done" > /tmp/llama-build.log 2>&1 &
