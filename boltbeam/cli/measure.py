@@ -102,7 +102,7 @@ def _run_flags(k: argparse.ArgumentParser) -> None:
     k.add_argument("--batch", type=int, metavar="B", help="sequences decoded per step")
 
 
-def import_summary(trace: Trace, out: str) -> dict[str, Any]:
+def trace_summary(trace: Trace, out: str) -> dict[str, Any]:
     walls = trace.token_wall_us
     return {"out": out, "source": trace.provenance["source"], "engine": trace.environment.get("engine"),
             "device": trace.environment.get("device"), "context": trace.workload.get("context"),
@@ -118,7 +118,7 @@ def _import(args: argparse.Namespace) -> int:
 def _save_and_summarize(trace: Trace, args: argparse.Namespace, title: str) -> int:
     """Write the trace (all or nothing) and print what it holds."""
     tracefile.save(trace, args.out)
-    summary = import_summary(trace, args.out)
+    summary = trace_summary(trace, args.out)
     if args.json:
         report.print_json(summary)
         return 0

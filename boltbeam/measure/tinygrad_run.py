@@ -207,12 +207,12 @@ class Recorder:
         kinfo = ast.src[0].arg
         est = kinfo.estimates
         opts = [str(o) for o in getattr(kinfo, "applied_opts", ()) or ()]
-        outs = set(info.outs)
+        outs, ins = set(info.outs), set(info.ins)
         return Launch(name=ANSI.sub("", info.name), op="kernel", global_size=[int(g) for g in gs],
                       local_size=None if ls is None else [int(x) for x in ls], opts=opts,
                       ops=None if est is None else int(sym_infer(est.ops, var_vals)),
                       mem=None if est is None else int(sym_infer(est.mem, var_vals)),
-                      reads=[b for i, b in enumerate(bufs) if i not in outs or i in set(info.ins)],
+                      reads=[b for i, b in enumerate(bufs) if i not in outs or i in ins],
                       writes=[b for i, b in enumerate(bufs) if i in outs])
 
     def timeline(self) -> list[tuple[Launch, float, float]]:
