@@ -1,21 +1,32 @@
 """The tie-out: one decode token's wall time split into measured lines that add up to it.
 
-Every figure is a per-token median over the trace's measured tokens (each line's own median; the
-residual shows what that costs). Every floor of the bound is counted once in the floor line and
-taken back out once, in the line that holds the measured time it bounds:
+Which figures are independent measurements, and where each comes from:
+
+  wall            the median token of the plain run: the route as users run it, nothing recording
+  kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
+                  itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
+  gaps, overlap   the same device timeline: idle time between kernels, kernels running together
+  launch and sync a measured fact of the target (`measure-target --launch`: the time a JIT replay of
+                  trivial kernels spends outside its device span, per call and per kernel launched)
+                  times the JIT calls and kernels the token launched
+  floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
+
+Every figure is a per-token median over the trace's measured tokens (each line's own median). Every
+floor of the bound is counted once in the floor line and taken back out once, in the line that holds
+the measured time it bounds:
 
   floor                      sum of the bound's floors (weight roles, KV cache, activations)
   role lines                 a weight role's kernels minus its floor, with the cause of the gap
   activations                minus its floor: inputs and outputs move inside the weight kernels
   boundaries                 kernels that read no weights, one line per category; attention
                              minus the KV cache's floor
-  gaps, host, overlap        the device timeline of the per-kernel pass: idle time between
-                             kernels, time outside the device span, kernels running together
-  graph                      graph-mode token minus per-kernel-pass token: two measured runs
+  gaps, overlap              from the device timeline
+  launch and sync            the target's measured fact times the token's launches
 
-Per token, kernels + gaps - overlap + host = the per-kernel pass's wall, and that wall + graph is
-the graph token, so the lines close by construction; the residual is whatever the measurements
-leave, reported and never absorbed.
+No line is the difference of two totals, so the residual (the wall minus every line) can come out
+wrong: over 1% of the wall the account is refused, and the refusal names the measurement that
+disagrees (the timed tokens against the plain ones, or the launch fact against the time the timed
+tokens spent outside their device span).
 """
 from __future__ import annotations
 
@@ -29,7 +40,7 @@ from boltbeam.bound.roofline import Bound
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
-from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.measure.trace import TIMINGS, Kernel, Trace
 from boltbeam.report import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
@@ -37,6 +48,7 @@ INFLATION_FRACTION = 0.01  # kernels summing past 101% of the graph token were i
 EXTRA_BYTES_FRACTION = 1.05
 LOAD_BYTES = 16            # bytes one thread has in flight per request: one wide (128-bit) load
 RESIDENT_FACT = "max_threads_per_multiprocessor"
+LAUNCH_FACTS = ("launch_sync_per_call", "launch_sync_per_kernel")   # seconds, measured by measure-target --launch
 NON_WEIGHT_FLOORS = ("kv_cache", "activations")   # bound lines that are no weight role
 METHOD = "median per token"
 
@@ -50,7 +62,7 @@ BOUNDARY_CAUSES = {"attention": "attention", "kv_write": "kv", "rope": "rope", "
 @dataclass
 class Line:
     label: str
-    kind: str          # floor, role, boundary, gap, host, overlap, graph
+    kind: str          # floor, role, boundary, gap, overlap, launch
     us: float
     cause: str
     detail: str
@@ -63,16 +75,18 @@ class Line:
 
 @dataclass
 class Account:
-    wall_us: float             # median graph-mode token
+    wall_us: float             # median plain token: the route as users run it
     floor_us: float
     lines: list[Line]
     kernel_sum_us: float       # median per token of the summed kernel durations
-    kernel_pass_wall_us: float | None
+    kernel_pass_wall_us: float | None   # median timed token (a check on the timing, never a line)
     tokens_used: int
     target: str
     context: int
     load_bytes: int
+    timing: str | None         # how the kernels were timed: a key of trace.TIMINGS
     overlap_us: float = 0.0    # median per token of the time kernels ran at the same time
+    outside_span_us: float | None = None   # median per timed token: its wall minus its device span (a check)
     notes: list[str] = field(default_factory=list)
     method: str = METHOD
 
@@ -100,7 +114,8 @@ class Account:
         if not self.closed:
             r = self.residual_us
             reasons.append(f"the account does not close: residual {r:+,.2f} µs is {abs(r) / self.wall_us:.1%} "
-                           f"of the {self.wall_us:,.2f} µs token (closing needs <= {CLOSE_FRACTION:.0%})")
+                           f"of the {self.wall_us:,.2f} µs token (closing needs <= {CLOSE_FRACTION:.0%}); "
+                           + self.disagreement)
         if self.busy_us > (1 + INFLATION_FRACTION) * self.wall_us:
             reasons.append(f"per-kernel timing inflated the kernels: they occupy {self.busy_us:,.2f} µs, "
                            f"{self.inflation_us:,.2f} µs ({self.inflation_us / self.wall_us:.1%}) more than the "
@@ -108,14 +123,34 @@ class Account:
                            f"synchronized once per token")
         return reasons
 
+    @property
+    def disagreement(self) -> str:
+        """Which measurement disagrees with the wall, judged from the checks the trace carries."""
+        said = []
+        timed = self.kernel_pass_wall_us
+        if timed is not None and abs(timed - self.wall_us) > CLOSE_FRACTION * self.wall_us:
+            said.append(f"the timed tokens took {timed:,.2f} µs against {self.wall_us:,.2f} µs plain "
+                        f"({timed / self.wall_us - 1:+.1%}): the timing changed the token")
+        launch = next((line.us for line in self.lines if line.kind == "launch"), None)
+        if self.outside_span_us is not None:
+            if launch is None:
+                said.append(f"the timed tokens spent {self.outside_span_us:,.2f} µs outside their device span and "
+                            f"no launch fact counts it")
+            elif abs(self.outside_span_us - launch) > CLOSE_FRACTION * self.wall_us:
+                said.append(f"the launch fact predicts {launch:,.2f} µs outside the device span; the timed tokens "
+                            f"spent {self.outside_span_us:,.2f} µs there")
+        if self.timing and self.timing not in ("cupti", "hcq"):
+            said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
+        return "; ".join(said) or "no single measurement stands out: the lines' medians disagree with the wall's"
+
     def to_dict(self) -> dict[str, Any]:
         return {"wall_us": self.wall_us, "floor_us": self.floor_us,
                 "lines": [asdict(line) for line in self.lines],
                 "residual_us": self.residual_us, "closed": self.closed,
                 "residual_fraction": self.residual_us / self.wall_us,
                 "kernel_sum_us": self.kernel_sum_us, "overlap_us": self.overlap_us, "busy_us": self.busy_us,
-                "kernel_pass_wall_us": self.kernel_pass_wall_us,
-                "inflation_us": self.inflation_us, "tokens_used": self.tokens_used, "method": self.method,
+                "kernel_pass_wall_us": self.kernel_pass_wall_us, "outside_span_us": self.outside_span_us,
+                "timing": self.timing, "inflation_us": self.inflation_us, "tokens_used": self.tokens_used, "method": self.method,
                 "target": self.target, "context": self.context, "load_bytes_per_thread": self.load_bytes,
                 "refusals": self.refusals, "notes": self.notes}
 
@@ -261,14 +296,17 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                  f"that is slower", floor_us=floor_us)
     roles = _role_lines(trace, per_token, bound, target, load_bytes, notes)
     boundaries = _boundary_lines(trace, per_token, bound)
-    overheads, overlap = _overhead_lines(trace, groups, notes)
+    overheads, overlap, outside = _overhead_lines(trace, groups, target, notes)
     if roles and target.fact(RESIDENT_FACT) is None:
         notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
+    timing = trace.kernel_pass.timing if trace.kernel_pass else None
+    if timing and timing not in ("cupti", "hcq"):
+        notes.append(f"kernels timed {TIMINGS[timing]}")
     pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
     return Account(wall_us=median(trace.token_wall_us), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
                    kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
                    tokens_used=len(groups), target=bound.target, context=bound.context, load_bytes=load_bytes,
-                   notes=notes)
+                   timing=timing, outside_span_us=outside, notes=notes)
 
 
 def _token_sums(kernels: list[Kernel]) -> dict[str, float]:
@@ -366,37 +404,47 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
     return sorted(boundaries, key=lambda line: -line.us)
 
 
-def _overhead_lines(trace: Trace, groups: dict[int, list[Kernel]], notes: list[str]) -> tuple[list[Line], float]:
-    """Gaps, host time and overlap from the device timeline, and the graph's measured saving; and the
-    median overlap (the inflation check needs it)."""
+def _overhead_lines(trace: Trace, groups: dict[int, list[Kernel]], target: Target,
+                    notes: list[str]) -> tuple[list[Line], float, float | None]:
+    """Gaps and overlap from the device timeline, launch and sync from the target's measured fact; and
+    the median overlap (the inflation check needs it) and the median time the timed tokens spent
+    outside their device span (a check on the launch fact, never a line)."""
     timelines = [_timeline(ks) for ks in groups.values()]
-    timed = all(t is not None for t in timelines)
-    pass_walls = trace.kernel_pass_wall_us if len(trace.kernel_pass_wall_us) == len(groups) else None
-    if not timed:
-        notes.append("some kernels lack start_us: gaps, overlap and host time are not measured")
-    if not trace.kernel_pass_wall_us:
-        notes.append("the trace has no per-kernel-pass token walls: host time and the graph's saving are not measured")
-    elif pass_walls is None:
-        notes.append(f"{len(trace.kernel_pass_wall_us)} per-kernel-pass walls for {len(groups)} kernel tokens: "
-                     f"host time is not measured")
     overheads: list[Line] = []
-    overlap = 0.0
-    if timed:
+    overlap, outside = 0.0, None
+    if all(t is not None for t in timelines):
         gaps = median(t[0] for t in timelines)
         overlap = median(t[1] for t in timelines)
         biggest = median(t[3] for t in timelines)
         overheads.append(Line("gaps between kernels", "gap", gaps, "gap",
                               f"idle device time between consecutive kernels (biggest gap {_us(max(0.0, biggest))})"))
-        if pass_walls:
-            host = median(w - t[2] for w, t in zip(pass_walls, timelines))
-            overheads.append(Line("host time outside the device span", "host", host, "host",
-                                  "the per-kernel pass's token wall minus its device span (first kernel's start to "
-                                  "the end of the last to start)"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
-    if trace.kernel_pass_wall_us:
-        wall, pass_wall = median(trace.token_wall_us), median(trace.kernel_pass_wall_us)
-        overheads.append(Line("graph", "graph", wall - pass_wall, "graph",
-                              f"the JIT graph's saving, measured: graph token {_us(wall)} (median of "
-                              f"{len(trace.token_wall_us)}) minus per-kernel-pass token {_us(pass_wall)} (median of "
-                              f"{len(trace.kernel_pass_wall_us)})"))
-    return overheads, overlap
+        if len(trace.kernel_pass_wall_us) == len(groups):
+            outside = median(w - t[2] for w, t in zip(trace.kernel_pass_wall_us, timelines))
+    else:
+        notes.append("some kernels lack start_us: gaps and overlap are not measured")
+    launch = _launch_line(trace, groups, target, notes)
+    if launch:
+        overheads.append(launch)
+    return overheads, overlap, outside
+
+
+def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, notes: list[str]) -> Line | None:
+    """The target's measured launch and synchronization cost times the launches the token made."""
+    facts = [target.facts.get(name) for name in LAUNCH_FACTS]
+    if trace.kernel_pass is None:
+        notes.append("the trace does not say what the host launched per token: launch and sync are not counted")
+        return None
+    if None in facts or any(f.status != "measured" for f in facts):
+        notes.append(f"the target has no measured {' and '.join(LAUNCH_FACTS)} (boltbeam measure-target --launch): "
+                     f"launch and sync are not counted")
+        return None
+    per_call, per_kernel = (f.value * 1e6 for f in facts)
+    calls = median(trace.kernel_pass.jit_calls)
+    kernels = median(len(ks) for ks in groups.values())
+    graphs = median(trace.kernel_pass.graph_launches)
+    us = per_call * calls + per_kernel * kernels
+    return Line("launch and sync", "launch", us, "launch",
+                f"{calls:g} JIT replay(s) launching {kernels:g} kernels in {graphs:g} graph(s): {_us(per_call)} a call "
+                f"+ {per_kernel:.3g} µs a kernel, the target's measured launch and synchronization cost "
+                f"({facts[0].source})")

@@ -21,6 +21,9 @@ def register(sub) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--matmul", type=int, default=0, metavar="N", help="also time an N x N x N fp16 matrix product")
     p.add_argument("--beam", type=int, default=0, metavar="N", help="let tinygrad's BEAM search pick the kernels' opts")
+    p.add_argument("--launch", action="store_true",
+                   help="also measure launch and synchronization cost (JIT replays of trivial kernels, timed as "
+                        "`profile` times kernels): the account's launch line")
     p.add_argument("--out", help="also write the raw samples as JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_measure_target)
@@ -56,7 +59,16 @@ def run_measure_target(args) -> int:
     from boltbeam.files import write_json
     if args.size_mb < 1 or args.reps < 3:
         raise BadInput("--size-mb must be >= 1 and --reps >= 3")
+    launch = None
+    if args.launch:   # first: its timing hook must be in place before tinygrad compiles anything
+        from dataclasses import asdict
+
+        from boltbeam.measure.launch_cost import measure_launch_cost
+        from tinygrad import Device
+        launch = asdict(measure_launch_cost(Device.DEFAULT))
     m = measure(size_bytes=args.size_mb << 20, reps=args.reps, matmul_n=args.matmul, beam=args.beam)
+    if launch:
+        m["launch"] = launch
     if args.out:
         write_json(args.out, m)
     if args.json:

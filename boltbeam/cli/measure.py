@@ -33,9 +33,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
     p.add_argument("--beam", type=int, default=0, metavar="N",
                    help="let tinygrad's BEAM search (width N) choose the decode kernels' opts")
-    p.add_argument("--timing", choices=["launch", "graph"], default="launch",
-                   help="kernel pass: kernels launched one by one and timed each (default), or event nodes "
-                        "inside tinygrad's CUDA graphs (CUDA only; the nodes cost time of their own)")
+    p.add_argument("--timing", choices=["cupti", "hcq", "launch"],
+                   help="how kernels are timed: in the graph replay users run (default: cupti on CUDA, "
+                        "tinygrad's graph timestamps (hcq) elsewhere), or launch: one by one (CUDA; no in-graph timing)")
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -1,11 +1,14 @@
 """The tinygrad adapter: decode through tinygrad's own model code and write one trace.
 
-Two passes over one loaded model:
-  1. graph pass: the JIT with its graph, as users run it; the wall time of every token.
-  2. kernel pass: the JIT captured again with JIT=2 (kernels launched one by one) and every kernel
-     recorded: name, launch dimensions, opts, tinygrad's own estimates, the buffers it touches and
-     its time on one device timeline (CUDA events around each launch, synchronized once per token;
-     on other devices tinygrad's own per-kernel timing with wait=True).
+Plain tokens and timed tokens over one loaded model:
+  - plain: the JIT with its graphs, as users run it, nothing recording; each token's wall.
+  - timed: every kernel recorded (name, launch dimensions, opts, tinygrad's own estimates, the buffers
+    it touches) with its time on the device timeline of the graph replay itself: CUPTI records on
+    CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
+    JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
+    by one instead, where no in-graph timing can be had, and the trace says so.
+  Per timed token the trace also keeps the JIT replays and graph launches the host made: the
+  account counts launch and synchronization cost on them.
 Weights stay views of the GGUF file's buffer, so a view's offset is a tensor's data offset in the
 file: that maps each kernel to the tensors it reads, and so to roles. A kernel that reads no weight
 is classified by the buffers it touches (KV cache, rope table, logits) and by what it does.
@@ -29,7 +32,9 @@ from typing import Any, Callable
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
-from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
+                                           match_records, split_by_token)
+from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
 from boltbeam.read.census import Census, TensorEntry, take_census
 from boltbeam.read.roles import ROLES
 
@@ -44,7 +49,7 @@ TIMING = {
 
 @dataclass
 class Launch:
-    """One kernel launch as the hook saw it, before its time is known."""
+    """One kernel launch: its facts, and (once the token has synchronized) its time."""
     name: str
     op: str                      # "kernel" or "copy"
     global_size: list[int] | None
@@ -54,183 +59,169 @@ class Launch:
     mem: int | None
     reads: list[Any]             # tinygrad Buffers
     writes: list[Any]
-    host_start: float = 0.0
-    duration_s: float | None = None
-    events: tuple | None = None  # (start, end) CUDA events
+    function: str | None = None  # the compiled kernel's function name, as a device profiler reports it
 
 
 class _CudaEvents:
     """A pool of CUDA events recorded on the launch stream around each kernel; read once per token."""
     def __init__(self):
         from tinygrad.runtime.autogen import cuda
-        self.cuda, self.pool, self.used, self.pool_kept = cuda, [], 0, []
+        self.cuda, self.pool, self.used = cuda, [], 0
 
-    def _event(self):
+    def record(self):
         if self.used == len(self.pool):
             ev = self.cuda.CUevent()
             self.cuda.cuEventCreate(ctypes.byref(ev), 0)
             self.pool.append(ev)
         self.used += 1
-        return self.pool[self.used - 1]
-
-    def record(self):
-        ev = self._event()
+        ev = self.pool[self.used - 1]
         self.cuda.cuEventRecord(ev, None)
         return ev
 
-    def kept(self):
-        """An event outside the pool, for a graph node that records it on every replay."""
-        ev = self.cuda.CUevent()
-        self.cuda.cuEventCreate(ctypes.byref(ev), 0)
-        self.pool_kept.append(ev)
-        return ev
-
-    def elapsed_s(self, a, b) -> float:
+    def elapsed_ns(self, a, b) -> int:
         ms = ctypes.c_float()
         self.cuda.cuEventElapsedTime(ctypes.byref(ms), a, b)
-        return ms.value * 1e-3
-
-    def reset(self):
-        self.used = 0
+        return round(ms.value * 1e6)
 
 
 @dataclass
 class Recorder:
+    """Sees every launch of a measured token through tinygrad's per-call stats hook. It keeps only
+    references while the token runs (the hook sits on the hot path) and builds launches after."""
     device: str
-    timing: str = "launch"        # "launch": around each launch; "graph": event nodes inside CUDA graphs
+    timing: str                   # a key of trace.TIMINGS
     active: bool = False
-    instrument_graphs: bool = False
-    launches: list[Launch] = field(default_factory=list)
+    calls: list[tuple] = field(default_factory=list)   # ("graph", runner, var_vals) | ("kernel", ast, bufs, var_vals, events)
+    jit_calls: int = 0
     events: _CudaEvents | None = None
-    graph_events: dict[int, list[tuple]] = field(default_factory=dict)   # graph runner -> (start, end) per kernel
 
     def __post_init__(self):
-        if self.device.startswith("CUDA"):
+        if self.timing == "launch":
             self.events = _CudaEvents()
-        elif self.timing == "graph":
-            raise BadInput("--timing graph needs CUDA (tinygrad's CUDA graphs); use --timing launch")
 
     @contextlib.contextmanager
     def install(self):
-        """Wrap tinygrad's per-call stats hook (and, off CUDA, ask it to time each kernel); with graph
-        timing, also put an event node before and after every kernel node of the graphs built while
-        `instrument_graphs` is set."""
+        """Wrap tinygrad's per-call stats hook and its JIT replay, recording nothing until `active`."""
         from tinygrad.engine import jit, realize
-        from tinygrad.uop.ops import Ops, sym_infer
+        from tinygrad.uop.ops import Ops
         orig_track, orig_run = realize.track_stats, jit.run_linear
         rec = self
 
         @contextlib.contextmanager
         def track_stats(ctx, call, device, bufs, var_vals):
             ast = call.src[0]
-            if rec.active and rec.timing == "graph" and ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
-                with orig_track(ctx, call, device, bufs, var_vals) as et:
-                    yield et
-                rec._graph_launches(realize.get_graph_runtime(ast), var_vals, Ops, sym_infer)
-                return
-            if not rec.active or ast.op not in (Ops.PROGRAM, Ops.COPY):
+            if not rec.active:
                 with orig_track(ctx, call, device, bufs, var_vals) as et:
                     yield et
                 return
-            launch = rec._launch(ast, bufs, var_vals, Ops, sym_infer)
-            start = rec.events.record() if rec.events else None
-            launch.host_start = time.perf_counter()
+            if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
+                rec.calls.append(("graph", realize.get_graph_runtime(ast), var_vals))
+            elif ast.op in (Ops.PROGRAM, Ops.COPY):
+                start = rec.events.record() if rec.events else None
+                with orig_track(ctx, call, device, bufs, var_vals) as et:
+                    yield et
+                rec.calls.append(("kernel", ast, bufs, var_vals, (start, rec.events.record()) if rec.events else None))
+                return
             with orig_track(ctx, call, device, bufs, var_vals) as et:
                 yield et
-            if rec.events:
-                launch.events = (start, rec.events.record())
-            else:
-                launch.duration_s = et[0] if et[0] is not None else time.perf_counter() - launch.host_start
-            rec.launches.append(launch)
 
         def run_linear(*args, **kwargs):
-            if rec.active and rec.events is None:
-                kwargs["wait"] = True   # tinygrad's own per-kernel timing: synchronize after each
+            if rec.active and kwargs.get("jit"):
+                rec.jit_calls += 1
             return orig_run(*args, **kwargs)
 
         realize.track_stats, jit.run_linear = track_stats, run_linear
-        with self._graph_nodes() if self.timing == "graph" else contextlib.nullcontext():
-            try:
-                yield self
-            finally:
-                realize.track_stats, jit.run_linear = orig_track, orig_run
-
-    @contextlib.contextmanager
-    def _graph_nodes(self):
-        from tinygrad.runtime.autogen import cuda
-        from tinygrad.runtime.graph import cuda as cuda_graph
-        from tinygrad.runtime.ops_cuda import check
-        orig_add, orig_init = cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__
-        rec, pending = self, []
-
-        def add_kernel_node(node_ref, graph, deps, n_deps, params):
-            if not rec.instrument_graphs:
-                return orig_add(node_ref, graph, deps, n_deps, params)
-            start, end = rec.events.kept(), rec.events.kept()
-            start_node, end_node = cuda.CUgraphNode(), cuda.CUgraphNode()
-            check(cuda.cuGraphAddEventRecordNode(ctypes.byref(start_node), graph, deps, n_deps, start))
-            status = orig_add(node_ref, graph, (cuda.CUgraphNode * 1)(start_node), 1, params)
-            check(status)
-            check(cuda.cuGraphAddEventRecordNode(ctypes.byref(end_node), graph, (cuda.CUgraphNode * 1)(node_ref._obj), 1, end))
-            pending.append((start, end))
-            return status
-
-        def init(graph_runner, *args, **kwargs):
-            pending.clear()
-            orig_init(graph_runner, *args, **kwargs)
-            if rec.instrument_graphs:
-                rec.graph_events[id(graph_runner)] = list(pending)
-
-        cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__ = add_kernel_node, init
         try:
-            yield
+            yield self
         finally:
-            cuda.cuGraphAddKernelNode, cuda_graph.CUDAGraph.__init__ = orig_add, orig_init
+            realize.track_stats, jit.run_linear = orig_track, orig_run
 
-    def _graph_launches(self, runner, var_vals, Ops, sym_infer) -> None:
-        pairs = self.graph_events.get(id(runner))
-        if pairs is None:
-            raise Refused("adapter-incomplete: a CUDA graph ran that was built without BoltBeam's event nodes")
-        kernels = [(ast, bufs) for _, ast, bufs, _ in runner.calls if ast.op is Ops.PROGRAM]
-        for (ast, bufs), events in zip(kernels, pairs, strict=True):
-            launch = self._launch(ast, bufs, var_vals, Ops, sym_infer)
-            launch.events = events
-            self.launches.append(launch)
-
-    @staticmethod
-    def _launch(ast, bufs, var_vals, Ops, sym_infer) -> Launch:
-        if ast.op is Ops.COPY:
-            return Launch(name=f"copy {bufs[0].nbytes} B", op="copy", global_size=None, local_size=None, opts=None,
-                          ops=0, mem=2 * bufs[0].nbytes, reads=[bufs[1]], writes=[bufs[0]])
-        info = ast.arg
-        gs, ls = info.launch_dims(var_vals)
-        kinfo = ast.src[0].arg
-        est = kinfo.estimates
-        opts = [str(o) for o in getattr(kinfo, "applied_opts", ()) or ()]
-        outs, ins = set(info.outs), set(info.ins)
-        return Launch(name=ANSI.sub("", info.name), op="kernel", global_size=[int(g) for g in gs],
-                      local_size=None if ls is None else [int(x) for x in ls], opts=opts,
-                      ops=None if est is None else int(sym_infer(est.ops, var_vals)),
-                      mem=None if est is None else int(sym_infer(est.mem, var_vals)),
-                      reads=[b for i, b in enumerate(bufs) if i not in outs or i in ins],
-                      writes=[b for i, b in enumerate(bufs) if i in outs])
-
-    def timeline(self) -> list[tuple[Launch, float, float]]:
-        """(launch, start_s from the first launch, duration_s), after the token has synchronized."""
-        if not self.launches:
-            return []
+    def take(self) -> tuple[list[tuple], int]:
+        """This token's calls and JIT replays; the recorder starts the next token empty."""
+        calls, jit_calls = self.calls, self.jit_calls
+        self.calls, self.jit_calls = [], 0
         if self.events:
-            first = self.launches[0].events[0]
-            out = [(l, self.events.elapsed_s(first, l.events[0]), self.events.elapsed_s(*l.events)) for l in self.launches]
-            t0 = min(start for _, start, _ in out)   # inside a graph, the first node submitted need not start first
-            out = [(l, start - t0, dur) for l, start, dur in out]
-        else:
-            t0 = self.launches[0].host_start
-            out = [(l, l.host_start - t0, l.duration_s or 0.0) for l in self.launches]
-        self.launches = []
-        if self.events:
-            self.events.reset()
-        return out
+            self.events.used = 0
+        return calls, jit_calls
+
+
+def launch_of(ast, bufs, var_vals) -> Launch:
+    """A launch's facts from tinygrad's own program info and estimates."""
+    from tinygrad.uop.ops import Ops, sym_infer
+    if ast.op is Ops.COPY:
+        return Launch(name=f"copy {bufs[0].nbytes} B", op="copy", global_size=None, local_size=None, opts=None,
+                      ops=0, mem=2 * bufs[0].nbytes, reads=[bufs[1]], writes=[bufs[0]])
+    info = ast.arg
+    gs, ls = info.launch_dims(var_vals)
+    kinfo = ast.src[0].arg
+    est = kinfo.estimates
+    opts = [str(o) for o in getattr(kinfo, "applied_opts", ()) or ()]
+    outs, ins = set(info.outs), set(info.ins)
+    return Launch(name=ANSI.sub("", info.name), op="kernel", global_size=[int(g) for g in gs],
+                  local_size=None if ls is None else [int(x) for x in ls], opts=opts,
+                  ops=None if est is None else int(sym_infer(est.ops, var_vals)),
+                  mem=None if est is None else int(sym_infer(est.mem, var_vals)),
+                  reads=[b for i, b in enumerate(bufs) if i not in outs or i in ins],
+                  writes=[b for i, b in enumerate(bufs) if i in outs], function=info.function_name)
+
+
+def _graph_launches(runner, var_vals) -> list[Launch]:
+    from tinygrad.uop.ops import Ops
+    return [launch_of(ast, bufs, var_vals) if ast.op in (Ops.PROGRAM, Ops.COPY) else None
+            for _, ast, bufs, _ in runner.calls]
+
+
+def _facts(launch: Launch) -> LaunchFacts:
+    return LaunchFacts(launch.function, dims3(launch.global_size), dims3(launch.local_size))
+
+
+def _relative(timed: list[tuple[Launch, int, int]]) -> list[tuple[Launch, float, float]]:
+    """(launch, start µs from the token's first kernel, duration µs), in launch order."""
+    if not timed:
+        return []
+    t0 = min(start for _, start, _ in timed)   # inside a graph, the first node submitted need not start first
+    return [(l, (start - t0) / 1e3, (end - start) / 1e3) for l, start, end in timed]
+
+
+def launch_timeline(calls: list[tuple], events: _CudaEvents) -> list[tuple[Launch, float, float]]:
+    """One by one (JIT=2): CUDA events around each launch, read after the token synchronized."""
+    first = calls[0][4][0]
+    return _relative([(launch_of(ast, bufs, vv), events.elapsed_ns(first, a), events.elapsed_ns(first, b))
+                      for _, ast, bufs, vv, (a, b) in calls])
+
+
+def cupti_timeline(calls: list[tuple], records: list[KernelRecord], where: str) -> tuple[list[tuple[Launch, float, float]], int]:
+    """The token's kernels matched to CUPTI's records; copies are not kernel records and stay out.
+    Returns the timeline and the number of copies left out."""
+    segments, launches, copies = [], [], 0
+    for c in calls:
+        ls = _graph_launches(c[1], c[2]) if c[0] == "graph" else [launch_of(c[1], c[2], c[3])]
+        kernels = [l for l in ls if l is not None and l.op == "kernel"]
+        copies += sum(1 for l in ls if l is not None and l.op == "copy")
+        if kernels:
+            segments.append(Segment(c[0] == "graph", [_facts(l) for l in kernels]))
+            launches.append(kernels)
+    matched = match_records(segments, records, where)
+    return _relative([(l, r.start_ns, r.end_ns) for ls, rs in zip(launches, matched) for l, r in zip(ls, rs)]), copies
+
+
+def hcq_timeline(calls: list[tuple], where: str) -> list[tuple[Launch, float, float]]:
+    """The token's kernels with the timestamps their graphs wrote, by place in the graph."""
+    timed, seen = [], set()
+    for c in calls:
+        if c[0] != "graph":
+            if launch_of(c[1], c[2], c[3]).op == "kernel":
+                raise Refused(f"adapter-incomplete: {where}: a kernel ran outside tinygrad's graphs, where no "
+                              f"timestamps are written")
+            continue
+        if id(c[1]) in seen:
+            raise Refused(f"adapter-incomplete: {where}: one graph replayed twice in a token; its timestamps "
+                          f"hold only the last replay")
+        seen.add(id(c[1]))
+        for launch, times in zip(_graph_launches(c[1], c[2]), hcq_times(c[1]), strict=True):
+            if launch is not None and launch.op == "kernel":
+                timed.append((launch, *times))
+    return _relative(timed)
 
 
 class Classifier:
@@ -336,111 +327,178 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
     return [1] + [(7919 * i) % vocabulary for i in range(1, max(1, context))]
 
 
+def default_timing(device: str) -> str:
+    """In-graph timing wherever tinygrad's graphs can be timed: CUPTI on CUDA, timestamps elsewhere."""
+    return "cupti" if device.startswith("CUDA") else "hcq"
+
+
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
             beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
-    heuristics: its kernels never run in a measured token). `timing` is how the kernel pass times
-    kernels: "launch" (the default) launches them one by one and times each launch; "graph" (CUDA
-    only) records an event node before and after every kernel node of the JIT's CUDA graphs, so
-    kernels run concurrently as users run them, at the price of the event nodes (on the H200 they
-    added 2.8% to the token of a 5 GB model: bench/h200/README.md)."""
+    heuristics: its kernels never run in a measured token). `timing` is a key of trace.TIMINGS:
+    "cupti" (CUDA) and "hcq" (tinygrad's command-queue graphs, e.g. CPU) time the graph replay users
+    run; "launch" (CUDA) launches the kernels one by one instead and says so."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
+    timing = timing or default_timing(device)
+    if timing in ("cupti", "launch") and not device.startswith("CUDA"):
+        raise BadInput(f"--timing {timing} needs CUDA; on {device} the kernels are timed by tinygrad's own graph timestamps")
     census = take_census(model)
     if census.unclassified:
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
                        f"run `boltbeam inspect --strict` for the list")
+    cupti = Cupti() if timing == "cupti" else None    # fails here, before minutes of loading, if it is missing
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
-    needed = len(prompt) + 2 * (warmup + tokens) + 2
+    passes = 3 if timing == "hcq" else 2               # hcq captures a second JIT for its timed tokens
+    needed = len(prompt) + passes * warmup + 2 * tokens + 2
     # The KV cache is allocated for max_context positions; a round size well past what the run needs
     # keeps tinygrad's kernels the ones a chat session gets (reads stay bounded by the position).
     max_context = max(needed, min(census.facts.context_length or needed, 4096))
     if census.facts.context_length and needed > census.facts.context_length:
-        raise BadInput(f"context {context} plus {2 * (warmup + tokens)} decoded tokens exceeds the model's "
+        raise BadInput(f"context {context} plus {needed - len(prompt)} decoded tokens exceeds the model's "
                        f"context length {census.facts.context_length}")
-    tick = progress or (lambda stage, n: None)
-    rec = Recorder(device, timing or "launch")
+    rec = Recorder(device, timing)
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
     with rec.install():
-        return _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, beam, rec, tick)
+        run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress)
+        return run.trace(model_hash)
 
 
-def _two_passes(path, census, device, prompt, max_context, tokens, warmup, model_hash, beam, rec, tick) -> Trace:
-    from tinygrad import Context, Device
-    from tinygrad.engine.jit import TinyJit
-    from tinygrad.llm.model import Transformer
+class _Run:
+    """One loaded model decoding: the plain tokens users get and the timed tokens, one trace."""
+    def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress):
+        from tinygrad import Context
+        from tinygrad.llm.model import Transformer
+        self.path, self.census, self.device, self.prompt = path, census, device, prompt
+        self.tokens, self.warmup, self.beam, self.rec, self.cupti = tokens, warmup, beam, rec, cupti
+        self.tick = progress or (lambda stage, n: None)
+        self.net, _ = Transformer.from_gguf(path, max_context)
+        self.gen = self.net.generate(list(prompt))
+        self.out_tokens: list[int] = []
+        # tinygrad 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunked prefill's
+        # token count cannot be: the prefill runs its kernels one by one (it is never measured).
+        with Context(JIT=2):
+            self.out_tokens.append(next(self.gen))
+        self.tick("prefill", 1)
+        # Warm-up tokens keep compilation (and any search) out of the numbers; they run and capture the decode JIT.
+        with Context(BEAM=beam):
+            for _ in range(warmup - 1):
+                self._next("warm-up")
 
-    net, _ = Transformer.from_gguf(path, max_context)
-    gen = net.generate(list(prompt))
-    out_tokens: list[int] = []
-
-    # Pass 1: the graph, as users get it. Warm-up tokens keep compilation (and any search) out of the
-    # numbers; the first one is the prefill, the next ones run and capture the decode JIT.
-    # tinygrad 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunked prefill's
-    # token count cannot be: the prefill runs its kernels one by one (it is never measured).
-    with Context(JIT=2):
-        out_tokens.append(next(gen))
-    tick("prefill", 1)
-    with Context(BEAM=beam):
-        for _ in range(warmup - 1):
-            out_tokens.append(next(gen))
-            tick("warm-up", 1)
-    walls = []
-    for _ in range(tokens):
+    def _next(self, stage: str) -> float:
+        """Decode one token; its wall in µs."""
         t0 = time.perf_counter()
-        out_tokens.append(next(gen))
-        walls.append((time.perf_counter() - t0) * 1e6)
-        tick("graph", 1)
-    memory = _memory(device)
+        self.out_tokens.append(next(self.gen))
+        wall = (time.perf_counter() - t0) * 1e6
+        self.tick(stage, 1)
+        return wall
 
-    # Pass 2: capture again without the graph and record every kernel.
-    dev = Device[device]
-    kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
-    rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
-    classifier = Classifier(census, path.stat().st_size, kv_bases, rope_bases)
-    net.rollout_jit = TinyJit(net.forward)
-    rec.instrument_graphs = rec.timing == "graph"
-    kernels: list[Kernel] = []
-    kernel_walls: list[float] = []
-    depths: list[int] = []
-    with Context(JIT=2, BEAM=beam) if rec.timing == "launch" else Context(BEAM=beam):
-        for _ in range(warmup):
-            next(gen)
-            tick("warm-up", 1)
-        for tok in range(tokens):
-            rec.active = True
-            dev.synchronize()
-            t0 = time.perf_counter()
-            next(gen)
-            dev.synchronize()
-            kernel_walls.append((time.perf_counter() - t0) * 1e6)
-            rec.active = False
-            depths.append(len(prompt) + len(out_tokens) + warmup + tok)
-            timeline = rec.timeline()
+    def _timed(self, stage: str) -> tuple[float, list[tuple], int, int]:
+        """One recorded token: its wall, its calls, its JIT replays and its host mark (ns) before it."""
+        mark = self.cupti.now_ns() if self.cupti else time.perf_counter_ns()
+        self.rec.active = True
+        wall = self._next(stage)
+        self.rec.active = False
+        calls, jit_calls = self.rec.take()
+        return wall, calls, jit_calls, mark
+
+    def trace(self, model_hash: bool) -> Trace:
+        from tinygrad import Context, Device
+        from tinygrad.engine.jit import TinyJit
+        net, rec, where = self.net, self.rec, f"{self.device}, timing {self.rec.timing}"
+        walls, pass_walls, timelines, jit_calls, graph_launches = [], [], [], [], []
+        notes: list[str] = []
+
+        def keep(wall, calls, jits, timeline):
             if not timeline:
                 raise Refused("adapter-incomplete: tinygrad ran this token's kernels where the recorder could not "
                               "see them (was tinygrad already running in this process before profile?)")
-            for i, (launch, start_s, dur_s) in enumerate(timeline):
+            pass_walls.append(wall)
+            timelines.append(timeline)
+            jit_calls.append(jits)
+            graph_launches.append(sum(1 for c in calls if c[0] == "graph"))
+
+        if rec.timing == "hcq":
+            # A second decode JIT whose graphs write timestamps; measured tokens alternate between the
+            # two JITs, so drift on a shared machine falls on both alike.
+            plain, timed = net.rollout_jit, TinyJit(net.forward)
+            net.rollout_jit = timed
+            with Context(PROFILE=1, BEAM=self.beam):
+                for _ in range(self.warmup):
+                    self._next("warm-up")
+            for _ in range(self.tokens):
+                net.rollout_jit = plain
+                walls.append(self._next("plain"))
+                net.rollout_jit = timed
+                wall, calls, jits, _ = self._timed("timed")
+                keep(wall, calls, jits, hcq_timeline(calls, where))
+            net.rollout_jit = plain
+        else:
+            for _ in range(self.tokens):
+                walls.append(self._next("plain"))
+            if rec.timing == "launch":
+                net.rollout_jit = TinyJit(net.forward)
+            with Context(JIT=2, BEAM=self.beam) if rec.timing == "launch" else Context(BEAM=self.beam):
+                if rec.timing == "launch":
+                    for _ in range(self.warmup):
+                        self._next("warm-up")
+                else:
+                    self.cupti.start()         # after the capture: CUPTI then sees the graphs' kernels
+                marks, taken = [], []
+                for _ in range(self.tokens):
+                    if rec.timing == "launch":
+                        Device[self.device].synchronize()
+                    wall, calls, jits, mark = self._timed("timed")
+                    if rec.timing == "launch":
+                        Device[self.device].synchronize()
+                        keep(wall, calls, jits, launch_timeline(calls, rec.events) if calls else [])
+                    else:
+                        marks.append(mark)
+                        taken.append((wall, calls, jits))
+                if rec.timing == "cupti":
+                    marks.append(self.cupti.now_ns())
+                    per_token = split_by_token(self.cupti.stop(), marks, where)
+                    copies = 0
+                    for i, ((wall, calls, jits), records) in enumerate(zip(taken, per_token)):
+                        timeline, copies = cupti_timeline(calls, records, f"{where}, token {i}")
+                        keep(wall, calls, jits, timeline)
+                    if copies:
+                        notes.append(f"{copies} copy(ies) per token are not kernel records: their time lies in "
+                                     f"the gaps or outside the device span")
+        memory = _memory(self.device)
+        return self._trace(walls, pass_walls, timelines, jit_calls, graph_launches, memory, notes, model_hash)
+
+    def _trace(self, walls, pass_walls, timelines, jit_calls, graph_launches, memory, notes, model_hash) -> Trace:
+        net, census, beam = self.net, self.census, self.beam
+        kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
+        rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
+        classifier = Classifier(census, self.path.stat().st_size, kv_bases, rope_bases)
+        kernels: list[Kernel] = []
+        for tok, timeline in enumerate(timelines):
+            for i, (launch, start_us, dur_us) in enumerate(timeline):
                 category, role, names = classifier.classify(launch)
-                kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=dur_s * 1e6,
-                                      start_us=start_s * 1e6, role=role, category=category, tensors=names,
-                                      bytes=launch.mem, flops=launch.ops, global_size=launch.global_size,
-                                      local_size=launch.local_size, opts=launch.opts))
-            tick("kernels", 1)
-    return Trace(
-        environment=_environment(device, path, model_hash),
-        workload={"context": len(prompt), "tokens": tokens, "warmup": warmup, "batch": 1,
-                  "kernel_pass_depths": depths, "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
-        route={"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
-               "switch": "boltbeam profile --beam 0" if beam else None,
-               "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None,
-                            **{k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}}},
-        token_wall_us=walls, output_tokens=out_tokens, memory=memory,
-        kernel_pass_wall_us=kernel_walls, kernels=kernels,
-        provenance={"source": "profile", "tool_version": __version__,
-                    "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "timing": TIMING[rec.timing if rec.events else "wait"],
-                    "inputs": [{"path": str(path), "sha256": None}]})
+                kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=dur_us, start_us=start_us,
+                                      role=role, category=category, tensors=names, bytes=launch.mem, flops=launch.ops,
+                                      global_size=launch.global_size, local_size=launch.local_size, opts=launch.opts))
+        first_timed = len(self.prompt) + len(self.out_tokens) - len(timelines)
+        return Trace(
+            environment=_environment(self.device, self.path, model_hash),
+            workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
+                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timelines)))
+                      if self.rec.timing != "hcq" else None,
+                      "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
+            route={"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
+                   "switch": "boltbeam profile --beam 0" if beam else None,
+                   "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None,
+                                **{k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}}},
+            token_wall_us=walls, output_tokens=self.out_tokens, memory=memory,
+            kernel_pass_wall_us=pass_walls, kernels=kernels,
+            kernel_pass=KernelPass(self.rec.timing, jit_calls, graph_launches),
+            provenance={"source": "profile", "tool_version": __version__,
+                        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                        "timing": TIMINGS[self.rec.timing], "notes": notes,
+                        "inputs": [{"path": str(self.path), "sha256": None}]})
+

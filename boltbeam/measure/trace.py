@@ -12,6 +12,9 @@ Layout (version 1)::
   output_tokens:        the tokens the route produced (for correctness checks), or null
   memory:      peak_bytes, capacity_bytes (either may be null)
   kernel_pass_wall_us:  wall time of each token of the per-kernel pass, µs (may be empty)
+  kernel_pass: timing (a key of TIMINGS: how the kernels were timed), per measured token the JIT
+               calls and graph launches the host made (what launch and sync cost is counted on),
+               or null (older traces, importers)
   kernels:     one event per kernel launch of the per-kernel pass: token, index, name,
                start_us (from the token's first kernel, one device timeline) or null,
                duration_us, role (weight role or null), category, tensors, bytes, flops,
@@ -33,6 +36,31 @@ VERSION = 1
 # What a kernel that moves no weight does; "weights" marks one that reads a weight table.
 CATEGORIES = ("weights", "attention", "norm", "rope", "kv_write", "copy", "elementwise",
               "sampling", "other")
+
+# How a kernel pass timed its kernels. In-graph timings time the replay users run; the others
+# time a different execution of the same kernels, and the account says so.
+TIMINGS = {
+    "cupti": "in the graph replay: CUPTI activity records of every kernel of tinygrad's CUDA graphs, "
+             "flushed once after the measured tokens",
+    "hcq": "in the graph replay: tinygrad's own timestamps before and after every kernel of its command-queue "
+           "graphs (a graph built with PROFILE=1), measured tokens interleaved with plain ones",
+    "launch": "one by one, outside the graph (no in-graph timing here): JIT=2, CUDA events around each launch, "
+              "one synchronize per token",
+    "import": "the source profiler's own records",
+}
+IN_GRAPH = ("cupti", "hcq")
+
+
+@dataclass
+class KernelPass:
+    """How the kernels of the measured tokens were timed, and what the host launched per token."""
+    timing: str
+    jit_calls: list[int]          # JIT replays the host ran, per measured token
+    graph_launches: list[int]     # graphs those replays launched, per measured token
+
+    @property
+    def in_graph(self) -> bool:
+        return self.timing in IN_GRAPH
 
 
 @dataclass
@@ -63,6 +91,7 @@ class Trace:
     memory: dict[str, Any] = field(default_factory=lambda: {"peak_bytes": None, "capacity_bytes": None})
     kernel_pass_wall_us: list[float] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)
+    kernel_pass: KernelPass | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -163,11 +192,23 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
     kernels = d.get("kernels") or []
     if not isinstance(kernels, list):
         raise BadInput(f"{where}: 'kernels' must be a list")
+    kernel_pass = _kernel_pass(d.get("kernel_pass"), where)
     return Trace(environment=d["environment"], workload=d["workload"], route=d["route"],
                  token_wall_us=_walls(d, "token_wall_us", where),
                  provenance=d["provenance"], output_tokens=out_tokens, memory=memory,
                  kernel_pass_wall_us=_walls(d, "kernel_pass_wall_us", where),
-                 kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)])
+                 kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)], kernel_pass=kernel_pass)
+
+
+def _kernel_pass(d: Any, where: str) -> KernelPass | None:
+    if d is None:
+        return None
+    counts = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)
+    if (not isinstance(d, dict) or d.get("timing") not in TIMINGS or set(d) != {"timing", "jit_calls", "graph_launches"}
+            or not counts(d["jit_calls"]) or not counts(d["graph_launches"])):
+        raise BadInput(f"{where}: 'kernel_pass' must be null or {{timing: one of {', '.join(TIMINGS)}, "
+                       f"jit_calls: [counts], graph_launches: [counts]}}")
+    return KernelPass(**d)
 
 
 def load(path: str) -> Trace:

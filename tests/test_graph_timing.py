@@ -1,0 +1,50 @@
+"""Device records to kernels: CUPTI's records are placed by launch facts and order, and any record
+that does not fit the graph the host built is refused, never guessed past."""
+import pytest
+
+from boltbeam.errors import Refused
+from boltbeam.measure.graph_timing import KernelRecord, LaunchFacts, Segment, match_records, split_by_token
+
+Q = LaunchFacts("r_32_32_4", (32, 1, 1), (32, 1, 1))
+DOWN = LaunchFacts("r_32_48_2", (32, 1, 1), (32, 1, 1))
+ADD = LaunchFacts("E_2n7", (1, 1, 1), (64, 1, 1))
+
+
+def rec(facts, graph, start, dur=5):
+    return KernelRecord(facts, graph, start, start + dur)
+
+
+def test_records_find_their_nodes_by_facts_and_order():
+    # Two graphs; in the first, two launches of Q (two layers) run in dependency order, and ADD runs
+    # at the same time as the second Q: start order is not node order across different kernels.
+    segments = [Segment(True, [Q, ADD, Q]), Segment(False, [DOWN]), Segment(True, [DOWN, Q])]
+    records = [rec(Q, 7, 100), rec(Q, 7, 130), rec(ADD, 7, 131), rec(DOWN, 0, 200),
+               rec(Q, 9, 320), rec(DOWN, 9, 300)]
+    matched = match_records(segments, list(reversed(records)), "test")
+    assert [[r.start_ns for r in seg] for seg in matched] == [[100, 131, 130], [200], [300, 320]]
+
+
+@pytest.mark.parametrize("records, says", [
+    ([rec(Q, 7, 100), rec(DOWN, 7, 110)], "holds 2 kernel(s) r_32_32_4"),          # a record of another kernel
+    ([rec(Q, 7, 100)], "the device recorded 1"),                                     # one missing
+    ([rec(Q, 7, 100), rec(Q, 7, 110), rec(Q, 7, 120)], "the device recorded 3"),    # one too many
+    ([rec(Q, 7, 100), rec(Q, 8, 110)], "recorded 2 launches"),                      # split over two graphs
+    ([rec(Q, 0, 100), rec(Q, 0, 110)], "recorded 2 launches"),                      # not in a graph at all
+    ([rec(LaunchFacts("r_32_32_4", (16, 1, 1), (32, 1, 1)), 7, 100), rec(Q, 7, 110)], "grid (32, 1, 1)"),
+])
+def test_a_wrong_mapping_is_refused(records, says):
+    with pytest.raises(Refused, match="adapter-incomplete") as e:
+        match_records([Segment(True, [Q, Q])], records, "test")
+    assert says in str(e.value)
+
+
+def test_single_kernel_where_the_host_launched_a_graph_is_refused():
+    with pytest.raises(Refused, match="is a graph on the host but not on the device"):
+        match_records([Segment(True, [Q])], [rec(Q, 0, 100)], "test")
+
+
+def test_records_split_by_host_marks_and_strays_refused():
+    records = [rec(Q, 7, 105), rec(Q, 7, 215), rec(Q, 7, 110)]
+    assert [[r.start_ns for r in t] for t in split_by_token(records, [100, 200, 300], "t")] == [[105, 110], [215]]
+    with pytest.raises(Refused, match="1 kernel record"):
+        split_by_token(records + [rec(Q, 7, 300)], [100, 200, 300], "t")
