@@ -129,8 +129,9 @@ class Cupti:
             cupti.activity_register_callbacks(requested, completed)
             cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
         except cupti.cuptiError as e:
-            raise Refused(f"CUPTI {cupti.get_version()} cannot trace this driver's kernels ({e}): install the "
-                          f"cupti-python release that matches the CUDA driver") from None
+            from importlib.metadata import version
+            raise Refused(f"cupti-python {version('cupti-python')} cannot trace this driver's kernels ({e}): install "
+                          f"the release that matches the CUDA driver") from None
 
     def now_ns(self) -> int:
         return self.cupti.get_timestamp()
