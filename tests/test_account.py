@@ -9,13 +9,23 @@ import pytest
 
 from boltbeam.account import account, compare
 from boltbeam.bound.roofline import Bound, bound
-from boltbeam.bound.targets import get_target
+from boltbeam.bound.targets import Fact, get_target
 from boltbeam.cli import main
 from boltbeam.files import sha256_file
-from boltbeam.measure.trace import Kernel, Trace, save
+from boltbeam.measure.trace import Kernel, KernelPass, Trace, save
 from boltbeam.read.census import take_census
 
 H200 = get_target("h200")
+PER_CALL_US, PER_KERNEL_US = 300.0, 0.5
+
+
+def with_launch_facts(target, per_call_us=PER_CALL_US, per_kernel_us=PER_KERNEL_US):
+    fact = lambda us: Fact(us * 1e-6, "s", "measured", "test", "2026-11-30")
+    return dataclasses.replace(target, facts={**target.facts, "launch_sync_per_call": fact(per_call_us),
+                                              "launch_sync_per_kernel": fact(per_kernel_us)})
+
+
+H200L = with_launch_facts(H200)
 NEEDED_IN_FLIGHT = H200.bandwidth * H200.fact("memory_latency")   # Little's law: bandwidth x latency
 
 
@@ -57,7 +67,8 @@ def make_trace(tokens: list[list[Kernel]], token_walls: list[float], pass_walls:
                sha: str | None = None, context: int | None = 0) -> Trace:
     return Trace(environment={"engine": "test", "model_sha256": sha}, workload={"context": context, "batch": 1},
                  route={"label": "test-route"}, token_wall_us=token_walls, provenance={"source": "profile"},
-                 kernel_pass_wall_us=pass_walls or [], kernels=[k for ks in tokens for k in ks])
+                 kernel_pass_wall_us=pass_walls or [], kernels=[k for ks in tokens for k in ks],
+                 kernel_pass=KernelPass("cupti", [1] * len(tokens), [2] * len(tokens)) if tokens else None)
 
 
 def full_token(b: Bound, token_id: int = 0, excess_us: float = 20.0, gap_us: float = 2.0) -> list[Kernel]:
@@ -78,13 +89,15 @@ def line(acc, label: str):
 
 def test_lines_add_up_to_the_wall(tiny_bound):
     tokens = [full_token(tiny_bound, t) for t in range(3)]
-    pass_wall = span(tokens[0]) + 7.0                         # 7 µs of host time outside the device span
-    trace = make_trace(tokens, token_walls=[pass_wall - 5.0, pass_wall - 4.0, pass_wall - 3.0],
-                       pass_walls=[pass_wall] * 3)
-    acc = account(trace, tiny_bound, H200)
+    n = len(tokens[0])
+    launch = PER_CALL_US + PER_KERNEL_US * n                  # the target's fact times the token's launches
+    plain = span(tokens[0]) + launch
+    trace = make_trace(tokens, token_walls=[plain - 5.0, plain, plain + 3.0], pass_walls=[plain + 40.0] * 3)
+    acc = account(trace, tiny_bound, H200L)
     assert acc.residual_us == pytest.approx(0.0, abs=1e-9)
     assert acc.closed and acc.refusals == []
-    assert acc.wall_us == pass_wall - 4.0 and acc.tokens_used == 3
+    assert acc.wall_us == plain and acc.tokens_used == 3
+    assert acc.kernel_pass_wall_us == plain + 40.0 and acc.outside_span_us == pytest.approx(launch + 40.0)
     assert sum(x.us for x in acc.lines) == pytest.approx(acc.wall_us, abs=1e-9)
     assert line(acc, "floor").us == pytest.approx(tiny_bound.token_floor_us)
     down = line(acc, "ffn_down")
@@ -94,13 +107,37 @@ def test_lines_add_up_to_the_wall(tiny_bound):
     assert line(acc, "attention").us == pytest.approx(7.0 - tiny_bound.role("kv_cache").floor_us)
     assert line(acc, "activations").us == pytest.approx(-tiny_bound.role("activations").floor_us)
     assert line(acc, "copy").cause == "boundary" and line(acc, "attention").cause == "attention"
-    n = len(tokens[0])
     assert line(acc, "gaps between kernels").us == pytest.approx(2.0 * (n - 1))
-    assert line(acc, "host time outside the device span").us == pytest.approx(7.0)
-    assert line(acc, "graph").us == pytest.approx(-4.0)
+    assert line(acc, "launch and sync").us == pytest.approx(launch)
+    assert f"launching {n} kernels in 2 graph(s)" in line(acc, "launch and sync").detail
     roles = [x for x in acc.lines if x.kind == "role"]
     assert roles[0].role == "ffn_down" and [x.us for x in roles] == sorted((x.us for x in roles), reverse=True)
-    assert [x.kind for x in acc.lines][0] == "floor" and acc.lines[-1].kind == "graph"
+    assert [x.kind for x in acc.lines][0] == "floor" and acc.lines[-1].kind == "launch"
+    assert not any(x.kind in ("graph", "host") for x in acc.lines)      # no line is a difference of two totals
+
+
+def test_the_residual_can_come_out_wrong(tiny_bound):
+    """The timed tokens' own walls never enter a line: a plain token longer than the lines is refused,
+    and the refusal names the measurement that disagrees."""
+    ks = full_token(tiny_bound)
+    launch = PER_CALL_US + PER_KERNEL_US * len(ks)
+    plain = (span(ks) + launch) * 1.03
+    acc = account(make_trace([ks], [plain], [plain]), tiny_bound, H200L)
+    assert acc.residual_us == pytest.approx(plain - span(ks) - launch) and not acc.closed
+    assert f"the launch fact predicts {launch:,.2f} µs outside the device span" in acc.refusals[0]
+    slow = account(make_trace([ks], [span(ks) + launch], [(span(ks) + launch) * 1.05]), tiny_bound, H200L)
+    assert slow.closed                       # the timing cost the timed tokens 5%, but the lines still meet the wall
+    slower = account(make_trace([ks], [(span(ks) + launch) * 0.9], [span(ks) + launch]), tiny_bound, H200L)
+    assert not slower.closed and "the timing changed the token" in slower.refusals[0]
+
+
+def test_no_launch_fact_no_launch_line(tiny_bound):
+    ks = full_token(tiny_bound)
+    acc = account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200)
+    assert not any(x.kind == "launch" for x in acc.lines)
+    assert any("measure-target --launch" in n for n in acc.notes)
+    imported = dataclasses.replace(make_trace([ks], [span(ks)], [span(ks)]), kernel_pass=None)
+    assert any("does not say what the host launched" in n for n in account(imported, tiny_bound, H200L).notes)
 
 
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
@@ -110,12 +147,13 @@ def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
     code, out, _ = run(capsys, "account", path, "--model", model, "--target", "h200", "--json")
     assert code == 0
     d = json.loads(out)
-    assert {"wall_us", "floor_us", "lines", "residual_us", "closed", "tokens_used", "method"} <= d.keys()
-    assert d["closed"] is True and d["method"] == "median per token"
+    assert {"wall_us", "floor_us", "lines", "residual_us", "closed", "tokens_used", "method", "timing"} <= d.keys()
+    assert d["closed"] is True and d["method"] == "median per token" and d["timing"] == "cupti"
     assert {"label", "us", "cause", "detail", "kind"} <= d["lines"][0].keys()
     down = next(x for x in d["lines"] if x["role"] == "ffn_down")
     assert down["us"] == pytest.approx(down["measured_us"] - down["floor_us"])
-    assert {x["kind"] for x in d["lines"]} == {"floor", "role", "boundary", "gap", "host", "overlap", "graph"}
+    assert {x["kind"] for x in d["lines"]} == {"floor", "role", "boundary", "gap", "overlap"} | (
+        {"launch"} if H200.fact("launch_sync_per_call") else set())
     code, out, _ = run(capsys, "account", path, "--model", model, "--target", "h200")
     assert code == 0 and "residual" in out and "closed" in out
 
@@ -124,8 +162,9 @@ def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
 
 def test_account_that_does_not_close_is_refused_after_printing(capsys, tmp_path, model, tiny_bound):
     ks = full_token(tiny_bound)
-    # No per-kernel-pass walls: the lines reach the device span only, and the graph token is 5% longer.
-    wall = span(ks) / 0.95
+    # The plain token is 5% longer than the lines can reach.
+    launch = sum(x.us for x in account(make_trace([ks], [1.0], None), tiny_bound, H200).lines if x.kind == "launch")
+    wall = (span(ks) + launch) / 0.95
     path = tmp_path / "t.json"
     save(make_trace([ks], [wall], None), path)
     acc = account(make_trace([ks], [wall], None), tiny_bound, H200)
@@ -143,8 +182,8 @@ def test_inflated_kernels_are_refused(capsys, tmp_path, model, tiny_bound):
     wall = kernel_sum / 1.03                                  # the graph token is shorter than its kernels
     trace = make_trace([ks], [wall], [kernel_sum])
     acc = account(trace, tiny_bound, H200)
-    assert acc.closed                                         # the graph line takes it back, yet ...
     assert acc.inflation_us == pytest.approx(kernel_sum - wall)
+    assert any("inflated the kernels" in r for r in acc.refusals)
     path = tmp_path / "t.json"
     save(trace, path)
     code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
@@ -222,8 +261,9 @@ def test_gaps_and_overlap_from_timestamps(tiny_bound, second_start, gaps, overla
     acc = account(make_trace([ks], [30.0], [30.0]), tiny_bound, H200)
     assert line(acc, "gaps between kernels").us == pytest.approx(gaps)
     assert line(acc, "overlap").us == pytest.approx(-overlap)
-    assert line(acc, "host time outside the device span").us == pytest.approx(30.0 - (second_start + 10.0))
-    assert acc.residual_us == pytest.approx(0.0, abs=1e-9)
+    assert acc.outside_span_us == pytest.approx(30.0 - (second_start + 10.0))
+    launch = sum(x.us for x in acc.lines if x.kind == "launch")
+    assert acc.residual_us == pytest.approx(30.0 - 20.0 - gaps + overlap - launch, abs=1e-9)
 
 
 # --- compare -----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 (the machine at hand, measured on first use and cached). A new GPU is a data edit."""
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from boltbeam.errors import BadInput
 
 STATUSES = ("spec", "measured", "derived")
 REQUIRED = ("memory_bandwidth",)
+# Facts that may be zero or negative: launch cost per kernel is measured net of the timing's own cost.
+SIGNED = ("launch_sync_per_kernel",)
 HOST = "host"
 
 
@@ -62,8 +65,9 @@ def _parse(name: str, body: Any, where: str) -> Target:
             raise BadInput(f"{where}: {name}.{key} needs a value and unit, status, source and date as strings")
         if f["status"] not in STATUSES:
             raise BadInput(f"{where}: {name}.{key}: status {f['status']!r} is not one of {', '.join(STATUSES)}")
-        if not isinstance(f["value"], (int, float)) or isinstance(f["value"], bool) or f["value"] <= 0:
-            raise BadInput(f"{where}: {name}.{key}: value must be a positive number")
+        if not isinstance(f["value"], (int, float)) or isinstance(f["value"], bool) or not math.isfinite(f["value"]) \
+                or (f["value"] <= 0 and key not in SIGNED):
+            raise BadInput(f"{where}: {name}.{key}: value must be a {'finite' if key in SIGNED else 'positive'} number")
         facts[key] = Fact(float(f["value"]), str(f["unit"]), f["status"], str(f["source"]), str(f["date"]))
     for key in REQUIRED:
         if key not in facts:

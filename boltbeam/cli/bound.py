@@ -59,16 +59,12 @@ def run_measure_target(args) -> int:
     from boltbeam.files import write_json
     if args.size_mb < 1 or args.reps < 3:
         raise BadInput("--size-mb must be >= 1 and --reps >= 3")
-    launch = None
-    if args.launch:   # first: its timing hook must be in place before tinygrad compiles anything
+    m = measure(size_bytes=args.size_mb << 20, reps=args.reps, matmul_n=args.matmul, beam=args.beam)
+    if args.launch:
         from dataclasses import asdict
 
         from boltbeam.measure.launch_cost import measure_launch_cost
-        from tinygrad import Device
-        launch = asdict(measure_launch_cost(Device.DEFAULT))
-    m = measure(size_bytes=args.size_mb << 20, reps=args.reps, matmul_n=args.matmul, beam=args.beam)
-    if launch:
-        m["launch"] = launch
+        m["launch"] = asdict(measure_launch_cost(m["device"]))
     if args.out:
         write_json(args.out, m)
     if args.json:

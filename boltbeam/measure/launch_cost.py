@@ -1,105 +1,90 @@
 """Launch and synchronization cost of this device through tinygrad: a measured fact for the account.
 
-A decode token is one JIT replay: the host prepares it, launches its graphs, and waits for the one
-value it reads back. The time the token spends outside its device span (before the first kernel
-starts and after the last one ends) is that launch and synchronization. Here it is measured on
-programs that do nothing else: a JIT of a chain of trivial kernels, each reading a bound variable
-as decode kernels read their position, called the way decode calls it (one token in, one value
-read back). Several chain lengths give a line: the cost of a call, and of each kernel it launches
-(tinygrad batches a JIT's kernels into graphs of 32, 64, 128, ... kernels, so a token of N kernels
-launches what a chain of N does). The kernels are timed exactly as `profile` times them, so the
-span is the same measurement in both places.
+A decode token is one JIT replay: the host runs the model's decode step, launches its graphs, and
+waits for the one token it reads back. The time that takes beyond the device span of the token's
+kernels is launch and synchronization. It is measured here on decodes that do nothing else: small
+synthetic models (the narrowest shape GGUF's k-quant blocks allow, at a few depths, with a short
+context so that even tables of positions stay small) whose kernels are trivial, decoded by
+`boltbeam profile` itself, so the host does what it does for any model of that many kernels and
+the kernels are timed exactly as a real profile times them. Per depth: the median plain token
+minus the median device span of the timed tokens; a line over the kernels per token gives the cost
+of a call and of each kernel it launches. The per-kernel figure is net of what timing a kernel
+costs the timed tokens, so it is negative where that costs more than a launch (tinygrad's CPU
+device writes each timestamp from Python, ~10 µs a kernel): the account counts the plain token
+against the timed kernels, and this is the measured figure that bridges them.
 """
 from __future__ import annotations
 
 import statistics
-import time
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from boltbeam.errors import BadInput
+from boltbeam.measure.trace import Trace, load
 
-CHAINS = (8, 64, 256, 640)      # kernels per call: one graph, and up to five
+DEPTHS = (2, 16, 48)       # blocks of the calibration models: from a few dozen kernels a token to ~900
+# Rows of 256 elements (one k-quant block), two heads of 128, a 64-position context.
+SHAPE = dict(embedding=256, heads=2, kv_heads=1, head_dim=128, ffn=256, vocabulary=256, context_length=64)
 
 
 @dataclass
 class LaunchSample:
-    kernels: int               # kernels per call, as recorded
-    graphs: int                # graphs launched per call
-    outside_us: list[float]    # per call: wall minus the device span of its kernels
+    blocks: int
+    kernels: int               # kernels per token
+    graphs: int                # graphs launched per token
+    plain_wall_us: list[float]
+    span_us: list[float]       # device span of each timed token
+
+    @property
+    def outside_us(self) -> float:
+        return statistics.median(self.plain_wall_us) - statistics.median(self.span_us)
 
 
 @dataclass
 class LaunchCost:
+    device: str
     timing: str
-    per_call_us: float         # outside the device span per JIT replay, whatever it launches
-    per_kernel_us: float       # and per kernel it launches (0 when the line does not rise)
+    per_call_us: float         # beyond the device span, per decode step
+    per_kernel_us: float       # and per kernel it launches, net of the timing's own cost per kernel
     samples: list[LaunchSample]
 
 
-def measure_launch_cost(device: str, calls: int = 40, warmup: int = 3) -> LaunchCost:
-    """Run both chains and fit the two facts. `device` must already be tinygrad's DEV."""
-    from boltbeam.measure.graph_timing import Cupti
-    from boltbeam.measure.tinygrad_run import Recorder, default_timing
-    if calls < 3:
-        raise BadInput("the launch benchmark needs at least 3 calls per chain")
-    timing = default_timing(device)
-    rec = Recorder(device, timing)
-    cupti = Cupti() if timing == "cupti" else None
-    with rec.install():
-        samples = [_chain(rec, n, calls, warmup, cupti) for n in CHAINS]
-    xs, ys = [s.kernels for s in samples], [statistics.median(s.outside_us) for s in samples]
-    slope, intercept = np.polyfit(xs, ys, 1)
-    if slope <= 0 or intercept <= 0:   # no rise with the kernel count: one cost per call
-        slope, intercept = 0.0, statistics.median(ys)
-    return LaunchCost(timing, per_call_us=float(intercept), per_kernel_us=float(slope), samples=samples)
+def spans_us(trace: Trace) -> list[float]:
+    """Each timed token's device span: its first kernel's start to the last kernel's end."""
+    return [max(k.start_us + k.duration_us for k in ks) - min(k.start_us for k in ks)
+            for ks in trace.by_token().values()]
 
 
-def _chain(rec, n: int, calls: int, warmup: int, cupti) -> LaunchSample:
-    from tinygrad import Context, Tensor, TinyJit, UOp, dtypes
-
-    from boltbeam.measure.graph_timing import split_by_token
-    from boltbeam.measure.tinygrad_run import cupti_timeline, hcq_timeline
-    pos = UOp.variable("pos", 0, 1 << 16)
-    table = Tensor.arange(1 << 16, dtype=dtypes.int32).contiguous().realize()
-
-    def step(token: Tensor, p) -> Tensor:
-        x = token
-        for _ in range(n):
-            x = (x + table[p]).realize()      # reads the position, as decode's kernels do
-        return x
-
-    jit = TinyJit(step)
-    token = Tensor([1], dtype=dtypes.int32).contiguous().realize()
-    with Context(PROFILE=1) if rec.timing == "hcq" else Context():
-        for i in range(warmup):
-            token = Tensor([int(jit(token, pos.bind(i)).item()) % 7], dtype=dtypes.int32).contiguous().realize()
-        if cupti:
-            cupti.start()
-        walls, spans, marks, taken = [], [], [], []   # taken: (calls, timeline when read at once)
-        for i in range(calls):
-            token = Tensor([1 + i % 7], dtype=dtypes.int32).contiguous().realize()
-            marks.append(cupti.now_ns() if cupti else time.perf_counter_ns())
-            rec.active = True
-            t0 = time.perf_counter()
-            int(jit(token, pos.bind(warmup + i)).item())
-            walls.append((time.perf_counter() - t0) * 1e6)
-            rec.active = False
-            calls_, _ = rec.take()
-            # a graph's timestamps hold only its last replay: read them before the next call
-            taken.append((calls_, None if cupti else hcq_timeline(calls_, "launch benchmark")))
-    if cupti:
-        marks.append(cupti.now_ns())
-        per_call = split_by_token(cupti.stop(), marks, "launch benchmark")
-        timelines = [cupti_timeline(c, r, "launch benchmark")[0] for (c, _), r in zip(taken, per_call)]
-    else:
-        timelines = [tl for _, tl in taken]
-    for tl in timelines:
-        spans.append(max(s + d for _, s, d in tl))
-    graphs = {sum(1 for c in calls_ if c[0] == "graph") for calls_, _ in taken}
-    kernels = {len(tl) for tl in timelines}
-    if len(graphs) != 1 or len(kernels) != 1:
-        raise BadInput(f"the launch benchmark's calls differ: graphs {sorted(graphs)}, kernels {sorted(kernels)}")
-    return LaunchSample(kernels=kernels.pop(), graphs=graphs.pop(),
-                        outside_us=[w - s for w, s in zip(walls, spans)])
+def measure_launch_cost(device: str, tokens: int = 16, progress: Callable[[int], None] | None = None) -> LaunchCost:
+    """Decode each calibration model in its own process (tinygrad's hook must precede its first compile)."""
+    from boltbeam.synth.writer import shape_from, write
+    samples, timing = [], None
+    with tempfile.TemporaryDirectory(prefix="boltbeam-launch-") as tmp:
+        for blocks in DEPTHS:
+            model, out = Path(tmp) / f"launch-{blocks}.gguf", Path(tmp) / f"launch-{blocks}.json"
+            write(model, "qwen3", shape_from(None, blocks=blocks, **SHAPE), "q4_k_m")
+            cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--context", "8",
+                   "--tokens", str(tokens), "--no-hash", "--out", str(out), "--json"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise BadInput(f"launch benchmark: decoding a {blocks}-block model failed: {last}")
+            trace = load(str(out))
+            timing = trace.kernel_pass.timing
+            samples.append(LaunchSample(blocks, len(trace.kernels_of_token(0)),
+                                        round(statistics.median(trace.kernel_pass.graph_launches)),
+                                        trace.token_wall_us, spans_us(trace)))
+            if progress:
+                progress(1)
+    slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1)
+    if intercept <= 0:
+        raise BadInput(f"launch benchmark: the line through {', '.join(f'{s.outside_us:.1f} µs' for s in samples)} "
+                       f"(plain token minus timed span at {', '.join(str(s.kernels) for s in samples)} kernels) gives "
+                       f"no positive cost per call: the device was too noisy to state one")
+    return LaunchCost(device, timing, per_call_us=float(intercept), per_kernel_us=float(slope), samples=samples)
