@@ -26,6 +26,12 @@ def with_launch_facts(target, per_call_us=PER_CALL_US, per_kernel_us=PER_KERNEL_
 
 
 H200L = with_launch_facts(H200)
+H200_BARE = dataclasses.replace(H200, facts={k: f for k, f in H200.facts.items() if not k.startswith("launch_sync")})
+
+
+def packaged_launch_us(kernels: int) -> float:
+    """What the packaged h200 target's launch facts count for a token of this many kernels."""
+    return sum((H200.fact(k) or 0.0) * 1e6 * n for k, n in (("launch_sync_per_call", 1), ("launch_sync_per_kernel", kernels)))
 NEEDED_IN_FLIGHT = H200.bandwidth * H200.fact("memory_latency")   # Little's law: bandwidth x latency
 
 
@@ -124,16 +130,17 @@ def test_the_residual_can_come_out_wrong(tiny_bound):
     plain = (span(ks) + launch) * 1.03
     acc = account(make_trace([ks], [plain], [plain]), tiny_bound, H200L)
     assert acc.residual_us == pytest.approx(plain - span(ks) - launch) and not acc.closed
-    assert f"the launch fact predicts {launch:,.2f} µs outside the device span" in acc.refusals[0]
+    assert f"the launch line counts {launch:,.2f} µs; the timed tokens spent {plain - span(ks):,.2f} µs outside" \
+        in acc.refusals[0]
     slow = account(make_trace([ks], [span(ks) + launch], [(span(ks) + launch) * 1.05]), tiny_bound, H200L)
     assert slow.closed                       # the timing cost the timed tokens 5%, but the lines still meet the wall
     slower = account(make_trace([ks], [(span(ks) + launch) * 0.9], [span(ks) + launch]), tiny_bound, H200L)
-    assert not slower.closed and "the timing changed the token" in slower.refusals[0]
+    assert not slower.closed and "timing the kernels changed the token" in slower.refusals[0]
 
 
 def test_no_launch_fact_no_launch_line(tiny_bound):
     ks = full_token(tiny_bound)
-    acc = account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200)
+    acc = account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200_BARE)
     assert not any(x.kind == "launch" for x in acc.lines)
     assert any("measure-target --launch" in n for n in acc.notes)
     imported = dataclasses.replace(make_trace([ks], [span(ks)], [span(ks)]), kernel_pass=None)
@@ -143,7 +150,8 @@ def test_no_launch_fact_no_launch_line(tiny_bound):
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
     ks = full_token(tiny_bound)
     path = tmp_path / "t.json"
-    save(make_trace([ks], [span(ks) - 1.0], [span(ks)], sha=sha256_file(model)), path)
+    wall = span(ks) + packaged_launch_us(len(ks))
+    save(make_trace([ks], [wall - 1.0], [wall], sha=sha256_file(model)), path)
     code, out, _ = run(capsys, "account", path, "--model", model, "--target", "h200", "--json")
     assert code == 0
     d = json.loads(out)
@@ -163,7 +171,7 @@ def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
 def test_account_that_does_not_close_is_refused_after_printing(capsys, tmp_path, model, tiny_bound):
     ks = full_token(tiny_bound)
     # The plain token is 5% longer than the lines can reach.
-    launch = sum(x.us for x in account(make_trace([ks], [1.0], None), tiny_bound, H200).lines if x.kind == "launch")
+    launch = packaged_launch_us(len(ks))
     wall = (span(ks) + launch) / 0.95
     path = tmp_path / "t.json"
     save(make_trace([ks], [wall], None), path)
@@ -201,7 +209,8 @@ def test_whole_token_trace_is_refused(capsys, tmp_path, model):
 def test_trace_of_another_model_is_refused(capsys, tmp_path, model, tiny_bound):
     ks = full_token(tiny_bound)
     path = tmp_path / "t.json"
-    save(make_trace([ks], [span(ks)], [span(ks)], sha="0" * 64), path)
+    wall = span(ks) + packaged_launch_us(len(ks))
+    save(make_trace([ks], [wall], [wall], sha="0" * 64), path)
     code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
     assert code == 3 and "different model" in err
     assert run(capsys, "account", path, "--model", model, "--target", "h200", "--no-hash-check")[0] == 0

@@ -35,7 +35,10 @@ def test_trace_holds_both_passes(tiny_model, tiny_trace):
     _, t = tiny_trace
     assert len(t.token_wall_us) == 3 and len(t.kernel_pass_wall_us) == 3
     assert t.kernel_tokens == [0, 1, 2]
-    assert len(t.output_tokens) == 3 + 3        # warm-up tokens and measured tokens
+    # prefill + 2 warm-up tokens for the plain JIT, 3 for the timed JIT, then plain and timed alternating
+    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 3
+    assert t.kernel_pass.timing == "hcq" and t.kernel_pass.in_graph      # tinygrad's own graph timestamps
+    assert t.kernel_pass.jit_calls == [1, 1, 1] and min(t.kernel_pass.graph_launches) >= 1
     assert t.environment["engine"] == "tinygrad" and t.environment["engine_version"] == "0.13.0"
     assert t.environment["model_sha256"] == sha256_file(tiny_model)
     assert t.workload["context"] == 8 and t.route["label"] == "tinygrad-scheduler"
@@ -43,7 +46,9 @@ def test_trace_holds_both_passes(tiny_model, tiny_trace):
     assert per_token[0] > 10 and len(set(per_token)) == 1     # the same kernels every token
     for k in t.kernels:
         assert k.duration_us >= 0 and k.start_us is not None
-        assert (k.global_size is None) == (k.category == "copy")   # copies have no launch geometry
+        assert all(k.category != "copy" and k.global_size for k in t.kernels)   # the kernel timeline holds kernels
+    for ks in t.by_token().values():    # one device timeline per token, kernels in graph order
+        assert min(k.start_us for k in ks) == 0 and all(k.duration_us > 0 for k in ks)
 
 
 def test_every_weight_table_is_read_by_a_kernel_of_its_role(tiny_model, tiny_trace):
@@ -71,7 +76,9 @@ def test_account_of_a_cpu_trace_is_consistent(tiny_model, tiny_trace, capsys):
     assert d["residual_us"] == pytest.approx(d["wall_us"] - sum(l["us"] for l in d["lines"]), abs=1e-6)
     assert d["closed"] == (abs(d["residual_us"]) <= 0.01 * d["wall_us"])
     assert (code == 0) == (d["closed"] and not d["refusals"])     # refused: it says why, and exits 3
-    assert {l["kind"] for l in d["lines"]} >= {"floor", "role", "gap", "host", "graph"}
+    assert {l["kind"] for l in d["lines"]} >= {"floor", "role", "gap"}
+    assert not {l["kind"] for l in d["lines"]} & {"graph", "host"}      # no line is a difference of two totals
+    assert d["timing"] == "hcq" and any("measure-target --launch" in n for n in d["notes"])
 
 
 def _host_like() -> str:
@@ -119,7 +126,8 @@ def test_bad_input_to_profile(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_graph_timing_needs_cuda(tiny_model, tmp_path, capsys):
+@pytest.mark.parametrize("timing", ["cupti", "launch"])
+def test_cuda_timings_need_cuda(tiny_model, tmp_path, capsys, timing):
     out = tmp_path / "t.json"
-    assert main(["profile", tiny_model, "--device", "CPU", "--timing", "graph", "--out", str(out)]) == 2
+    assert main(["profile", tiny_model, "--device", "CPU", "--timing", timing, "--out", str(out)]) == 2
     assert "needs CUDA" in capsys.readouterr().err and not out.exists()

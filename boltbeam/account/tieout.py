@@ -130,15 +130,15 @@ class Account:
         timed = self.kernel_pass_wall_us
         if timed is not None and abs(timed - self.wall_us) > CLOSE_FRACTION * self.wall_us:
             said.append(f"the timed tokens took {timed:,.2f} µs against {self.wall_us:,.2f} µs plain "
-                        f"({timed / self.wall_us - 1:+.1%}): the timing changed the token")
+                        f"({timed / self.wall_us - 1:+.1%}): timing the kernels changed the token")
         launch = next((line.us for line in self.lines if line.kind == "launch"), None)
         if self.outside_span_us is not None:
             if launch is None:
                 said.append(f"the timed tokens spent {self.outside_span_us:,.2f} µs outside their device span and "
                             f"no launch fact counts it")
             elif abs(self.outside_span_us - launch) > CLOSE_FRACTION * self.wall_us:
-                said.append(f"the launch fact predicts {launch:,.2f} µs outside the device span; the timed tokens "
-                            f"spent {self.outside_span_us:,.2f} µs there")
+                said.append(f"the launch line counts {launch:,.2f} µs; the timed tokens spent "
+                            f"{self.outside_span_us:,.2f} µs outside their device span")
         if self.timing and self.timing not in ("cupti", "hcq"):
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
         return "; ".join(said) or "no single measurement stands out: the lines' medians disagree with the wall's"

@@ -2,16 +2,17 @@
 
 A decode token is one JIT replay: the host runs the model's decode step, launches its graphs, and
 waits for the one token it reads back. The time that takes beyond the device span of the token's
-kernels is launch and synchronization. It is measured here on decodes that do nothing else: small
-synthetic models (the narrowest shape GGUF's k-quant blocks allow, at a few depths, with a short
-context so that even tables of positions stay small) whose kernels are trivial, decoded by
-`boltbeam profile` itself, so the host does what it does for any model of that many kernels and
-the kernels are timed exactly as a real profile times them. Per depth: the median plain token
-minus the median device span of the timed tokens; a line over the kernels per token gives the cost
-of a call and of each kernel it launches. The per-kernel figure is net of what timing a kernel
-costs the timed tokens, so it is negative where that costs more than a launch (tinygrad's CPU
-device writes each timestamp from Python, ~10 µs a kernel): the account counts the plain token
-against the timed kernels, and this is the measured figure that bridges them.
+kernels is launch and synchronization. It is measured here on synthetic models decoded by
+`boltbeam profile` itself (a few depths, a 256-token vocabulary and a short context), so the host
+does what it does for any model of that many kernels and the kernels are timed exactly as a real
+profile times them. Their width is chosen so the device, not the host, sets the pace, as it does
+in a real token: a GPU kernel must move megabytes to outlast its launch (width 4096), while
+tinygrad's CPU device already runs each kernel slower than the host launches it (width 256).
+Per depth: the median plain token minus the median device span of the timed tokens; a line over
+the kernels per token gives the cost of a call and of each kernel. The per-kernel figure is net
+of what timing a kernel adds to the timed span (CUPTI's records on a GPU, tinygrad's timestamps
+written from Python on the CPU), so it is negative where that costs more than a launch: the
+account counts the plain token against the timed kernels, and this measured figure bridges them.
 """
 from __future__ import annotations
 
@@ -28,9 +29,16 @@ import numpy as np
 from boltbeam.errors import BadInput
 from boltbeam.measure.trace import Trace, load
 
-DEPTHS = (2, 16, 48)       # blocks of the calibration models: from a few dozen kernels a token to ~900
-# Rows of 256 elements (one k-quant block), two heads of 128, a 64-position context.
-SHAPE = dict(embedding=256, heads=2, kv_heads=1, head_dim=128, ffn=256, vocabulary=256, context_length=64)
+# Blocks of the calibration models: from a few dozen kernels a token to ~900, so a real token's
+# count lies inside the measured range rather than beyond it.
+DEPTHS = (2, 16, 48)
+WIDTHS = (256, 4096)
+
+
+def width_for(device: str) -> int:
+    return 4096 if device.startswith("CUDA") else 256
+
+
 
 
 @dataclass
@@ -49,6 +57,7 @@ class LaunchSample:
 @dataclass
 class LaunchCost:
     device: str
+    width: int
     timing: str
     per_call_us: float         # beyond the device span, per decode step
     per_kernel_us: float       # and per kernel it launches, net of the timing's own cost per kernel
@@ -61,14 +70,18 @@ def spans_us(trace: Trace) -> list[float]:
             for ks in trace.by_token().values()]
 
 
-def measure_launch_cost(device: str, tokens: int = 16, progress: Callable[[int], None] | None = None) -> LaunchCost:
+def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
+                        progress: Callable[[int], None] | None = None) -> LaunchCost:
     """Decode each calibration model in its own process (tinygrad's hook must precede its first compile)."""
-    from boltbeam.synth.writer import shape_from, write
+    from boltbeam.synth.writer import write_calibration
+    width = width or width_for(device)
+    if width not in WIDTHS:
+        raise BadInput(f"launch benchmark width must be one of {', '.join(map(str, WIDTHS))}")
     samples, timing = [], None
     with tempfile.TemporaryDirectory(prefix="boltbeam-launch-") as tmp:
         for blocks in DEPTHS:
             model, out = Path(tmp) / f"launch-{blocks}.gguf", Path(tmp) / f"launch-{blocks}.json"
-            write(model, "qwen3", shape_from(None, blocks=blocks, **SHAPE), "q4_k_m")
+            write_calibration(model, width, blocks)
             cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--context", "8",
                    "--tokens", str(tokens), "--no-hash", "--out", str(out), "--json"]
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -87,4 +100,4 @@ def measure_launch_cost(device: str, tokens: int = 16, progress: Callable[[int],
         raise BadInput(f"launch benchmark: the line through {', '.join(f'{s.outside_us:.1f} µs' for s in samples)} "
                        f"(plain token minus timed span at {', '.join(str(s.kernels) for s in samples)} kernels) gives "
                        f"no positive cost per call: the device was too noisy to state one")
-    return LaunchCost(device, timing, per_call_us=float(intercept), per_kernel_us=float(slope), samples=samples)
+    return LaunchCost(device, width, timing, per_call_us=float(intercept), per_kernel_us=float(slope), samples=samples)

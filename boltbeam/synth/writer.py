@@ -203,3 +203,13 @@ def write(out: str | os.PathLike, arch: str, shape: Shape, mix: str, seed: int =
                 progress(p.nbytes)
         w.close()
     return planned
+
+
+def write_calibration(out: str | os.PathLike, width: int, blocks: int) -> None:
+    """A decoder for measuring what the host costs per token (measure/launch_cost): heads of 128, an
+    FFN three times the width (rows stay whole k-quant blocks of 256), a 256-token vocabulary and a
+    64-position context, in the one dense architecture with per-head q/k norms the benchmarks use."""
+    heads = width // 128
+    shape = shape_from(None, blocks=blocks, embedding=width, heads=heads, kv_heads=max(1, heads // 4), head_dim=128,
+                       ffn=3 * width if width > 256 else 256, vocabulary=256, context_length=64)
+    write(out, "qwen3", shape, "q4_k_m")
