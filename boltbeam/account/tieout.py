@@ -87,6 +87,8 @@ class Account:
     timing: str | None         # how the kernels were timed: a key of trace.TIMINGS
     overlap_us: float = 0.0    # median per token of the time kernels ran at the same time
     outside_span_us: float | None = None   # median per timed token: its wall minus its device span (a check)
+    lead_us: float | None = None     # median per timed token: host mark to first kernel start (a check)
+    trail_us: float | None = None    # median per timed token: last kernel end to host mark (a check)
     notes: list[str] = field(default_factory=list)
     method: str = METHOD
 
@@ -137,8 +139,10 @@ class Account:
                 said.append(f"the timed tokens spent {self.outside_span_us:,.2f} µs outside their device span and "
                             f"no launch fact counts it")
             elif abs(self.outside_span_us - launch) > CLOSE_FRACTION * self.wall_us:
+                where = (f" ({self.lead_us:,.2f} µs before the first kernel, {self.trail_us:,.2f} µs after the last)"
+                         if self.lead_us is not None and self.trail_us is not None else "")
                 said.append(f"the launch line counts {launch:,.2f} µs; the timed tokens spent "
-                            f"{self.outside_span_us:,.2f} µs outside their device span")
+                            f"{self.outside_span_us:,.2f} µs outside their device span{where}")
         if self.timing and self.timing not in ("cupti", "hcq"):
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
         return "; ".join(said) or "no single measurement stands out: the lines' medians disagree with the wall's"
@@ -150,6 +154,7 @@ class Account:
                 "residual_fraction": self.residual_us / self.wall_us,
                 "kernel_sum_us": self.kernel_sum_us, "overlap_us": self.overlap_us, "busy_us": self.busy_us,
                 "kernel_pass_wall_us": self.kernel_pass_wall_us, "outside_span_us": self.outside_span_us,
+                "lead_us": self.lead_us, "trail_us": self.trail_us,
                 "timing": self.timing, "inflation_us": self.inflation_us, "tokens_used": self.tokens_used, "method": self.method,
                 "target": self.target, "context": self.context, "load_bytes_per_thread": self.load_bytes,
                 "refusals": self.refusals, "notes": self.notes}
@@ -303,10 +308,13 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
     if timing and timing not in ("cupti", "hcq"):
         notes.append(f"kernels timed {TIMINGS[timing]}")
     pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
+    kp = trace.kernel_pass
+    lead = median(kp.lead_us) if kp and kp.lead_us else None
+    trail = median(kp.trail_us) if kp and kp.trail_us else None
     return Account(wall_us=median(trace.token_wall_us), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
                    kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
                    tokens_used=len(groups), target=bound.target, context=bound.context, load_bytes=load_bytes,
-                   timing=timing, outside_span_us=outside, notes=notes)
+                   timing=timing, outside_span_us=outside, lead_us=lead, trail_us=trail, notes=notes)
 
 
 def _token_sums(kernels: list[Kernel]) -> dict[str, float]:

@@ -113,7 +113,12 @@ class Cupti:
         self.cupti, self.records = None, []
 
     def start(self) -> None:
-        from cupti import cupti
+        from importlib.metadata import version
+        try:
+            from cupti import cupti
+        except (ImportError, OSError) as e:   # the wheel's libcupti does not load against this driver
+            raise Refused(f"cupti-python {version('cupti-python')} does not load here ({e}): install the release "
+                          f"that matches the CUDA driver") from None
         self.cupti = cupti
 
         def requested():
@@ -129,7 +134,6 @@ class Cupti:
             cupti.activity_register_callbacks(requested, completed)
             cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
         except cupti.cuptiError as e:
-            from importlib.metadata import version
             raise Refused(f"cupti-python {version('cupti-python')} cannot trace this driver's kernels ({e}): install "
                           f"the release that matches the CUDA driver") from None
 

@@ -48,6 +48,8 @@ class LaunchSample:
     graphs: int                # graphs launched per token
     plain_wall_us: list[float]
     span_us: list[float]       # device span of each timed token
+    lead_us: list[float] | None    # timed tokens: host mark to first kernel, and last kernel to host mark
+    trail_us: list[float] | None
 
     @property
     def outside_us(self) -> float:
@@ -92,7 +94,8 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
             timing = trace.kernel_pass.timing
             samples.append(LaunchSample(blocks, len(trace.kernels_of_token(0)),
                                         round(statistics.median(trace.kernel_pass.graph_launches)),
-                                        trace.token_wall_us, spans_us(trace)))
+                                        trace.token_wall_us, spans_us(trace), trace.kernel_pass.lead_us,
+                                        trace.kernel_pass.trail_us))
             if progress:
                 progress(1)
     slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1)

@@ -175,22 +175,17 @@ def _facts(launch: Launch) -> LaunchFacts:
     return LaunchFacts(launch.function, dims3(launch.global_size), dims3(launch.local_size))
 
 
-def _relative(timed: list[tuple[Launch, int, int]]) -> list[tuple[Launch, float, float]]:
-    """(launch, start µs from the token's first kernel, duration µs), in launch order."""
-    if not timed:
-        return []
-    t0 = min(start for _, start, _ in timed)   # inside a graph, the first node submitted need not start first
-    return [(l, (start - t0) / 1e3, (end - start) / 1e3) for l, start, end in timed]
+Timed = list[tuple[Launch, int, int]]   # (launch, start ns, end ns) on the timing's clock, in launch order
 
 
-def launch_timeline(calls: list[tuple], events: _CudaEvents) -> list[tuple[Launch, float, float]]:
+def launch_timeline(calls: list[tuple], events: _CudaEvents) -> Timed:
     """One by one (JIT=2): CUDA events around each launch, read after the token synchronized."""
     first = calls[0][4][0]
-    return _relative([(launch_of(ast, bufs, vv), events.elapsed_ns(first, a), events.elapsed_ns(first, b))
-                      for _, ast, bufs, vv, (a, b) in calls])
+    return [(launch_of(ast, bufs, vv), events.elapsed_ns(first, a), events.elapsed_ns(first, b))
+            for _, ast, bufs, vv, (a, b) in calls]
 
 
-def cupti_timeline(calls: list[tuple], records: list[KernelRecord], where: str) -> tuple[list[tuple[Launch, float, float]], int]:
+def cupti_timeline(calls: list[tuple], records: list[KernelRecord], where: str) -> tuple[Timed, int]:
     """The token's kernels matched to CUPTI's records; copies are not kernel records and stay out.
     Returns the timeline and the number of copies left out."""
     segments, launches, copies = [], [], 0
@@ -202,10 +197,10 @@ def cupti_timeline(calls: list[tuple], records: list[KernelRecord], where: str) 
             segments.append(Segment(c[0] == "graph", [_facts(l) for l in kernels]))
             launches.append(kernels)
     matched = match_records(segments, records, where)
-    return _relative([(l, r.start_ns, r.end_ns) for ls, rs in zip(launches, matched) for l, r in zip(ls, rs)]), copies
+    return [(l, r.start_ns, r.end_ns) for ls, rs in zip(launches, matched) for l, r in zip(ls, rs)], copies
 
 
-def hcq_timeline(calls: list[tuple], where: str) -> list[tuple[Launch, float, float]]:
+def hcq_timeline(calls: list[tuple], where: str) -> Timed:
     """The token's kernels with the timestamps their graphs wrote, by place in the graph."""
     timed, seen = [], set()
     for c in calls:
@@ -221,7 +216,7 @@ def hcq_timeline(calls: list[tuple], where: str) -> list[tuple[Launch, float, fl
         for launch, times in zip(_graph_launches(c[1], c[2]), hcq_times(c[1]), strict=True):
             if launch is not None and launch.op == "kernel":
                 timed.append((launch, *times))
-    return _relative(timed)
+    return timed
 
 
 class Classifier:
@@ -348,6 +343,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     if census.unclassified:
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
                        f"run `boltbeam inspect --strict` for the list")
+    _open(device)
     cupti = Cupti() if timing == "cupti" else None    # fails here, before minutes of loading, if it is missing
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
@@ -365,6 +361,38 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     with rec.install():
         run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress)
         return run.trace(model_hash)
+
+
+def _open(device: str) -> None:
+    """Open the device before loading minutes of weights; a machine without it is bad input."""
+    from tinygrad import Device
+    try:
+        Device[device]
+    except Exception as e:   # tinygrad raises whatever its runtime loader raised (no library, no driver, no GPU)
+        raise BadInput(f"tinygrad cannot open {device} here ({type(e).__name__}: {e})") from None
+
+
+@dataclass
+class _TimedToken:
+    wall_us: float
+    calls: list[tuple]
+    jit_calls: int
+    marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
+    timeline: Timed = field(default_factory=list)
+
+    @property
+    def first_ns(self) -> int:
+        return min(start for _, start, _ in self.timeline)
+
+    @property
+    def lead_us(self) -> float:
+        """Host mark before the token to its first kernel's start: the launch as the device saw it."""
+        return (self.first_ns - self.marks_ns[0]) / 1e3
+
+    @property
+    def trail_us(self) -> float:
+        """Last kernel's end to the host mark after the token: synchronization and read-back."""
+        return (self.marks_ns[1] - max(end for _, _, end in self.timeline)) / 1e3
 
 
 class _Run:
@@ -396,98 +424,101 @@ class _Run:
         self.tick(stage, 1)
         return wall
 
-    def _timed(self, stage: str) -> tuple[float, list[tuple], int, int]:
-        """One recorded token: its wall, its calls, its JIT replays and its host mark (ns) before it."""
-        mark = self.cupti.now_ns() if self.cupti else time.perf_counter_ns()
+    def _timed(self, stage: str) -> _TimedToken:
+        """One recorded token, with host marks before and after it on the timing's own clock."""
+        now = self.cupti.now_ns if self.cupti else time.perf_counter_ns
+        before = now()
         self.rec.active = True
         wall = self._next(stage)
         self.rec.active = False
+        after = now()
         calls, jit_calls = self.rec.take()
-        return wall, calls, jit_calls, mark
+        return _TimedToken(wall, calls, jit_calls, (before, after))
 
     def trace(self, model_hash: bool) -> Trace:
-        from tinygrad import Context, Device
-        from tinygrad.engine.jit import TinyJit
-        net, rec, where = self.net, self.rec, f"{self.device}, timing {self.rec.timing}"
-        walls, pass_walls, timelines, jit_calls, graph_launches = [], [], [], [], []
-        notes: list[str] = []
-
-        def keep(wall, calls, jits, timeline):
-            if not timeline:
+        where = f"{self.device}, timing {self.rec.timing}"
+        walls, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
+        for t in timed:
+            if not t.timeline:
                 raise Refused("adapter-incomplete: tinygrad ran this token's kernels where the recorder could not "
                               "see them (was tinygrad already running in this process before profile?)")
-            pass_walls.append(wall)
-            timelines.append(timeline)
-            jit_calls.append(jits)
-            graph_launches.append(sum(1 for c in calls if c[0] == "graph"))
+        return self._trace(walls, timed, _memory(self.device), notes, model_hash)
 
-        if rec.timing == "hcq":
-            # A second decode JIT whose graphs write timestamps; measured tokens alternate between the
-            # two JITs, so drift on a shared machine falls on both alike.
-            plain, timed = net.rollout_jit, TinyJit(net.forward)
-            net.rollout_jit = timed
-            with Context(PROFILE=1, BEAM=self.beam):
-                for _ in range(self.warmup):
-                    self._next("warm-up")
-            for _ in range(self.tokens):
-                net.rollout_jit = plain
-                walls.append(self._next("plain"))
-                net.rollout_jit = timed
-                wall, calls, jits, _ = self._timed("timed")
-                keep(wall, calls, jits, hcq_timeline(calls, where))
+    def _hcq(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+        """A second decode JIT whose graphs write timestamps; measured tokens alternate between the two
+        JITs, so drift on a shared machine falls on both alike."""
+        from tinygrad import Context
+        from tinygrad.engine.jit import TinyJit
+        net = self.net
+        plain, timed_jit = net.rollout_jit, TinyJit(net.forward)
+        net.rollout_jit = timed_jit
+        with Context(PROFILE=1, BEAM=self.beam):
+            for _ in range(self.warmup):
+                self._next("warm-up")
+        walls, timed = [], []
+        for _ in range(self.tokens):
             net.rollout_jit = plain
-        else:
-            for _ in range(self.tokens):
-                walls.append(self._next("plain"))
-            if rec.timing == "launch":
-                net.rollout_jit = TinyJit(net.forward)
-            with Context(JIT=2, BEAM=self.beam) if rec.timing == "launch" else Context(BEAM=self.beam):
-                if rec.timing == "launch":
-                    for _ in range(self.warmup):
-                        self._next("warm-up")
-                else:
-                    self.cupti.start()         # after the capture: CUPTI then sees the graphs' kernels
-                marks, taken = [], []
-                for _ in range(self.tokens):
-                    if rec.timing == "launch":
-                        Device[self.device].synchronize()
-                    wall, calls, jits, mark = self._timed("timed")
-                    if rec.timing == "launch":
-                        Device[self.device].synchronize()
-                        keep(wall, calls, jits, launch_timeline(calls, rec.events) if calls else [])
-                    else:
-                        marks.append(mark)
-                        taken.append((wall, calls, jits))
-                if rec.timing == "cupti":
-                    marks.append(self.cupti.now_ns())
-                    per_token = split_by_token(self.cupti.stop(), marks, where)
-                    copies = 0
-                    for i, ((wall, calls, jits), records) in enumerate(zip(taken, per_token)):
-                        timeline, copies = cupti_timeline(calls, records, f"{where}, token {i}")
-                        keep(wall, calls, jits, timeline)
-                    if copies:
-                        notes.append(f"{copies} copy(ies) per token are not kernel records: their time lies in "
-                                     f"the gaps or outside the device span")
-        memory = _memory(self.device)
-        return self._trace(walls, pass_walls, timelines, jit_calls, graph_launches, memory, notes, model_hash)
+            walls.append(self._next("plain"))
+            net.rollout_jit = timed_jit
+            t = self._timed("timed")
+            t.timeline = hcq_timeline(t.calls, where)   # a graph's timestamps hold only its last replay
+            timed.append(t)
+        net.rollout_jit = plain
+        return walls, timed, []
 
-    def _trace(self, walls, pass_walls, timelines, jit_calls, graph_launches, memory, notes, model_hash) -> Trace:
+    def _cupti(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+        """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), flushed once."""
+        from tinygrad import Context
+        walls = [self._next("plain") for _ in range(self.tokens)]
+        self.cupti.start()
+        with Context(BEAM=self.beam):
+            timed = [self._timed("timed") for _ in range(self.tokens)]
+        marks = [t.marks_ns[0] for t in timed] + [self.cupti.now_ns()]
+        copies = 0
+        for i, (t, records) in enumerate(zip(timed, split_by_token(self.cupti.stop(), marks, where))):
+            t.timeline, copies = cupti_timeline(t.calls, records, f"{where}, token {i}")
+        notes = [f"{copies} copy(ies) per token are not kernel records: their time lies in the gaps or outside the "
+                 f"device span"] if copies else []
+        return walls, timed, notes
+
+    def _launch(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+        """Plain tokens, then the JIT captured again without graphs (JIT=2), CUDA events around each launch."""
+        from tinygrad import Context, Device
+        from tinygrad.engine.jit import TinyJit
+        walls = [self._next("plain") for _ in range(self.tokens)]
+        self.net.rollout_jit = TinyJit(self.net.forward)
+        timed = []
+        with Context(JIT=2, BEAM=self.beam):
+            for _ in range(self.warmup):
+                self._next("warm-up")
+            for _ in range(self.tokens):
+                Device[self.device].synchronize()
+                t = self._timed("timed")
+                Device[self.device].synchronize()
+                t.timeline, t.marks_ns = launch_timeline(t.calls, self.rec.events) if t.calls else [], None
+                timed.append(t)
+        return walls, timed, []
+
+    def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         net, census, beam = self.net, self.census, self.beam
         kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
         rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
         classifier = Classifier(census, self.path.stat().st_size, kv_bases, rope_bases)
         kernels: list[Kernel] = []
-        for tok, timeline in enumerate(timelines):
-            for i, (launch, start_us, dur_us) in enumerate(timeline):
+        for tok, t in enumerate(timed):
+            t0 = t.first_ns   # inside a graph, the first node submitted need not start first
+            for i, (launch, start_ns, end_ns) in enumerate(t.timeline):
                 category, role, names = classifier.classify(launch)
-                kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=dur_us, start_us=start_us,
-                                      role=role, category=category, tensors=names, bytes=launch.mem, flops=launch.ops,
-                                      global_size=launch.global_size, local_size=launch.local_size, opts=launch.opts))
-        first_timed = len(self.prompt) + len(self.out_tokens) - len(timelines)
+                kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=(end_ns - start_ns) / 1e3,
+                                      start_us=(start_ns - t0) / 1e3, role=role, category=category, tensors=names,
+                                      bytes=launch.mem, flops=launch.ops, global_size=launch.global_size,
+                                      local_size=launch.local_size, opts=launch.opts))
+        first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
+        marked = all(t.marks_ns for t in timed)
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
             workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
-                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timelines)))
+                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timed)))
                       if self.rec.timing != "hcq" else None,
                       "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
             route={"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
@@ -495,10 +526,12 @@ class _Run:
                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None,
                                 **{k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}}},
             token_wall_us=walls, output_tokens=self.out_tokens, memory=memory,
-            kernel_pass_wall_us=pass_walls, kernels=kernels,
-            kernel_pass=KernelPass(self.rec.timing, jit_calls, graph_launches),
+            kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
+            kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],
+                                   [sum(1 for c in t.calls if c[0] == "graph") for t in timed],
+                                   lead_us=[t.lead_us for t in timed] if marked else None,
+                                   trail_us=[t.trail_us for t in timed] if marked else None),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing], "notes": notes,
                         "inputs": [{"path": str(self.path), "sha256": None}]})
-

@@ -24,7 +24,7 @@ Layout (version 1)::
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from boltbeam.errors import BadInput
@@ -57,6 +57,10 @@ class KernelPass:
     timing: str
     jit_calls: list[int]          # JIT replays the host ran, per measured token
     graph_launches: list[int]     # graphs those replays launched, per measured token
+    # Checks, never lines: per measured token, host mark to first kernel start and last kernel end to
+    # host mark, on the timing's own clock (null where host and device clocks differ)
+    lead_us: list[float] | None = None
+    trail_us: list[float] | None = None
 
     @property
     def in_graph(self) -> bool:
@@ -204,10 +208,13 @@ def _kernel_pass(d: Any, where: str) -> KernelPass | None:
     if d is None:
         return None
     counts = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)
-    if (not isinstance(d, dict) or d.get("timing") not in TIMINGS or set(d) != {"timing", "jit_calls", "graph_launches"}
-            or not counts(d["jit_calls"]) or not counts(d["graph_launches"])):
+    times = lambda v: v is None or (isinstance(v, list) and all(_is_num(x) for x in v))
+    if (not isinstance(d, dict) or d.get("timing") not in TIMINGS
+            or not {"timing", "jit_calls", "graph_launches"} <= set(d) <= {f.name for f in fields(KernelPass)}
+            or not counts(d["jit_calls"]) or not counts(d["graph_launches"])
+            or not times(d.get("lead_us")) or not times(d.get("trail_us"))):
         raise BadInput(f"{where}: 'kernel_pass' must be null or {{timing: one of {', '.join(TIMINGS)}, "
-                       f"jit_calls: [counts], graph_launches: [counts]}}")
+                       f"jit_calls: [counts], graph_launches: [counts], lead_us, trail_us: [µs] or null}}")
     return KernelPass(**d)
 
 
