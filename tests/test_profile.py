@@ -2,6 +2,7 @@
 
 Each profile runs in its own process, as the CLI does: the adapter's hook must be in place before
 tinygrad first compiles its executors."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -131,3 +132,37 @@ def test_cuda_timings_need_cuda(tiny_model, tmp_path, capsys, timing):
     out = tmp_path / "t.json"
     assert main(["profile", tiny_model, "--device", "CPU", "--timing", timing, "--out", str(out)]) == 2
     assert "needs CUDA" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_machine_without_the_device_is_one_line(tiny_model, tmp_path, capsys):
+    from tinygrad import Device
+    try:
+        Device["CUDA"]
+        pytest.skip("this machine has CUDA")
+    except Exception:
+        pass
+    out = tmp_path / "t.json"
+    assert main(["profile", tiny_model, "--device", "CUDA", "--timing", "launch", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "tinygrad cannot open CUDA here" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
+    """measure-target --launch decodes calibration models with profile's own timing; the facts it
+    writes give the account a launch line equal to them times the token's launches."""
+    from boltbeam.bound.measure_target import target_toml
+    from boltbeam.measure.launch_cost import measure_launch_cost
+    cost = measure_launch_cost("CPU", tokens=4, depths=(1, 3))
+    assert [s.blocks for s in cost.samples] == [1, 3] and cost.samples[0].kernels < cost.samples[1].kernels
+    assert cost.timing == "hcq" and all(len(s.plain_wall_us) == 4 and len(s.lead_us) == 4 for s in cost.samples)
+    toml = tmp_path / "host.toml"
+    m = {"device": "CPU", "size_bytes": 1 << 20, "read_bandwidth": 1e10, "copy_bandwidth": 1e10,
+         "read_samples_s": [1.0], "copy_samples_s": [1.0], "launch": dataclasses.asdict(cost)}
+    toml.write_text(target_toml("cal", "calibrated here", m))
+    trace = tmp_path / "t.json"
+    profile(tiny_model, trace, "--context", "8", "--tokens", "3")
+    main(["account", str(trace), "--model", tiny_model, "--target", "cal", "--targets", str(toml), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    launch = next(line for line in d["lines"] if line["kind"] == "launch")
+    kernels = len(tracefile.load(trace).kernels_of_token(0))
+    assert launch["us"] == pytest.approx(cost.per_call_us + cost.per_kernel_us * kernels, rel=1e-3)   # 4 digits in TOML

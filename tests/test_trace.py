@@ -5,7 +5,7 @@ import json
 import pytest
 
 from boltbeam.cli import main
-from boltbeam.measure.trace import FORMAT, VERSION
+from boltbeam.measure.trace import FORMAT, VERSION, KernelPass, load
 
 
 def good() -> dict:
@@ -47,6 +47,13 @@ BAD = [
     (top(["token_wall_us"], [0.0, 5.0]), "'token_wall_us'"),
     (top(["kernels"], {"a": 1}), "'kernels' must be a list"),
     (top(["route", "label"], 3), "route 'label'"),
+    (top(["kernel_pass"], {"timing": "stopwatch", "jit_calls": [1], "graph_launches": [2]}), "'kernel_pass' must be"),
+    (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1]}), "'kernel_pass' must be"),
+    (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [-1], "graph_launches": [2]}), "'kernel_pass' must be"),
+    (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1], "graph_launches": [2], "lead_us": ["x"]}),
+     "'kernel_pass' must be"),
+    (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1], "graph_launches": [2], "extra": 1}),
+     "'kernel_pass' must be"),
 ]
 
 
@@ -69,6 +76,10 @@ def test_a_good_trace_loads(tmp_path, capsys):
     path.write_text(json.dumps(good()))
     assert main(["compare", str(path), str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["net_us"] == 0
+    with_pass = top(["kernel_pass"], {"timing": "hcq", "jit_calls": [1], "graph_launches": [2], "lead_us": [3.5],
+                                      "trail_us": [1.0]})
+    path.write_text(json.dumps(with_pass))
+    assert load(str(path)).kernel_pass == KernelPass("hcq", [1], [2], [3.5], [1.0])
 
 
 def test_account_needs_the_model_it_ran(tmp_path, capsys):

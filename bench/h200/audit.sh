@@ -3,4 +3,4 @@
 set -euo pipefail
 route=$1; shift
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia-smi.csv"
-python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 12 --out "$OUT/tinygrad_$route.json" --json "$@"
+python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 16 --out "$OUT/tinygrad_$route.json" --json "$@"

@@ -78,7 +78,7 @@ class Comparison:
 
     @property
     def net_us(self) -> float:
-        """Whole-token difference, B - A (medians of the graph-mode tokens)."""
+        """Whole-token difference, B - A (medians of the plain tokens)."""
         return self.b_wall_us - self.a_wall_us
 
     @property
@@ -118,7 +118,7 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
     """Compare traces A and B region by region; floors when a bound is given."""
     notes: list[str] = []
     if not a.token_wall_us or not b.token_wall_us:
-        raise Refused("both traces need graph-mode token walls to compare whole tokens")
+        raise Refused("both traces need plain token walls to compare whole tokens")
     ctx_a, ctx_b = a.workload.get("context"), b.workload.get("context")
     if ctx_a != ctx_b:
         notes.append(f"the traces decoded at different contexts (A {ctx_a}, B {ctx_b}): attention is not like for like")

@@ -6,9 +6,9 @@ Which figures are independent measurements, and where each comes from:
   kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
                   itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together
-  launch and sync a measured fact of the target (`measure-target --launch`: the time a JIT replay of
-                  trivial kernels spends outside its device span, per call and per kernel launched)
-                  times the JIT calls and kernels the token launched
+  launch and sync measured facts of the target (`measure-target --launch`: on calibration decodes of
+                  other models, the plain token minus the timed kernels' device span, per call
+                  and per kernel) times the JIT calls and kernels the token launched
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
 Every figure is a per-token median over the trace's measured tokens (each line's own median). Every
@@ -40,11 +40,11 @@ from boltbeam.bound.roofline import Bound
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
-from boltbeam.measure.trace import TIMINGS, Kernel, Trace
+from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace
 from boltbeam.report import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
-INFLATION_FRACTION = 0.01  # kernels summing past 101% of the graph token were inflated by their timing
+INFLATION_FRACTION = 0.01  # kernels busy past 101% of the plain token were inflated by their timing
 EXTRA_BYTES_FRACTION = 1.05
 LOAD_BYTES = 16            # bytes one thread has in flight per request: one wide (128-bit) load
 RESIDENT_FACT = "max_threads_per_multiprocessor"
@@ -107,7 +107,7 @@ class Account:
 
     @property
     def inflation_us(self) -> float:
-        """How far the kernels' busy time exceeds the graph token (0 when it fits)."""
+        """How far the kernels' busy time exceeds the plain token (0 when it fits)."""
         return max(0.0, self.busy_us - self.wall_us)
 
     @property
@@ -121,7 +121,7 @@ class Account:
         if self.busy_us > (1 + INFLATION_FRACTION) * self.wall_us:
             reasons.append(f"per-kernel timing inflated the kernels: they occupy {self.busy_us:,.2f} µs, "
                            f"{self.inflation_us:,.2f} µs ({self.inflation_us / self.wall_us:.1%}) more than the "
-                           f"{self.wall_us:,.2f} µs graph token; time them on one device timeline, "
+                           f"{self.wall_us:,.2f} µs plain token; time them on one device timeline, "
                            f"synchronized once per token")
         return reasons
 
@@ -143,7 +143,7 @@ class Account:
                          if self.lead_us is not None and self.trail_us is not None else "")
                 said.append(f"the launch line counts {launch:,.2f} µs; the timed tokens spent "
                             f"{self.outside_span_us:,.2f} µs outside their device span{where}")
-        if self.timing and self.timing not in ("cupti", "hcq"):
+        if self.timing and self.timing not in IN_GRAPH:
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
         return "; ".join(said) or "no single measurement stands out: the lines' medians disagree with the wall's"
 
@@ -279,11 +279,11 @@ def _causes(floor_line: BoundLine, kernels: list[Kernel], moved_bytes: float | N
 # --- the account -----------------------------------------------------------------------------------
 
 def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_BYTES) -> Account:
-    """Tie one decode token out: lines (per-token medians) that add up to the graph token."""
+    """Tie one decode token out: lines (per-token medians) that add up to the plain token."""
     if not trace.kernels:
         raise Refused("whole-token figures only: no kernels to account")
     if not trace.token_wall_us:
-        raise Refused("the trace has no graph-mode token walls: nothing to tie the kernels out to")
+        raise Refused("the trace has no plain token walls: nothing to tie the kernels out to")
     if bound.batch != 1:
         raise BadInput(f"the account ties out batch-1 decode tokens; the bound is for batch {bound.batch}")
     notes: list[str] = []
@@ -305,7 +305,7 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
     if roles and target.fact(RESIDENT_FACT) is None:
         notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
     timing = trace.kernel_pass.timing if trace.kernel_pass else None
-    if timing and timing not in ("cupti", "hcq"):
+    if timing and timing not in IN_GRAPH:
         notes.append(f"kernels timed {TIMINGS[timing]}")
     pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
     kp = trace.kernel_pass

@@ -15,8 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("account", help="tie one decode token out: every µs to a cause, lines adding up to the wall",
                        description="The tie-out of one token (per-token medians over the trace's measured tokens): "
                                    "floor, each weight role's gap above its floor with its cause, kernels that move "
-                                   "no weights, gaps, host time, overlap and the graph's saving; the residual is "
-                                   "reported, and an account that does not close is refused (exit 3).")
+                                   "no weights, gaps and overlap from the device timeline, launch and sync from the "
+                                   "target's measured fact; the residual is reported, and an account that does not "
+                                   "close is refused (exit 3) naming the measurement that disagrees.")
     p.add_argument("trace", metavar="TRACE.json")
     _model_flags(p)
     p.add_argument("--target", required=True, help="a target name (see `boltbeam targets`)")
@@ -106,12 +107,19 @@ def _print_account(acc, trace_path: str, model: str) -> None:
             for line in acc.lines]
     rows.append(("residual", f"{acc.residual_us:,.2f}", f"{acc.residual_us / acc.wall_us:.1%}",
                  "closed" if acc.closed else "NOT CLOSED", "the wall minus every line above: computed, never a plug"))
-    rows.append(("wall", f"{acc.wall_us:,.2f}", "100.0%", "", "the graph-mode token as users get it"))
+    rows.append(("wall", f"{acc.wall_us:,.2f}", "100.0%", "", "the plain token: the route as users run it, "
+                                                              "nothing recording"))
     c.print(table(f"Tie-out of one token of {escape(trace_path)} on {acc.target}, context {acc.context} "
                   f"({acc.method}, {acc.tokens_used} token(s)); roles biggest gap first",
                   ["line", "µs", "of wall", "cause", "detail"], rows, right=(1, 2)))
     c.print(f"model {escape(model)}; floor {acc.floor_us:,.2f} µs = {acc.floor_us / acc.wall_us:.1%} of the "
             f"{acc.wall_us:,.2f} µs token; kernels sum to {acc.kernel_sum_us:,.2f} µs")
+    if acc.kernel_pass_wall_us is not None:
+        checks = [f"timed tokens {acc.kernel_pass_wall_us:,.2f} µs ({acc.kernel_pass_wall_us / acc.wall_us - 1:+.2%} "
+                  f"against plain: what timing the kernels cost)"]
+        if acc.lead_us is not None and acc.trail_us is not None:
+            checks.append(f"before the first kernel {acc.lead_us:,.2f} µs, after the last {acc.trail_us:,.2f} µs")
+        c.print(f"checks, not lines ({escape(acc.timing or 'timing not recorded')}): " + "; ".join(checks))
     for note in acc.notes:
         c.print(f"note: {escape(note)}")
 
@@ -151,7 +159,7 @@ def _print_compare(cmp, path_a: str, path_b: str) -> None:
             f"({'tie' if d['winner'] == 'tie' else d['winner'] + ' wins'})")
     if cmp.region_net_us is not None:
         c.print(f"regions sum to {cmp.region_net_us:+,.2f} µs of it; {d['outside_kernels_us']:+,.2f} µs lies outside "
-                f"the compared kernels (gaps, host, graph, incomparable regions)")
+                f"the compared kernels (gaps, launch and sync, incomparable regions)")
     if not cmp.floors_shown:
         c.print("floors are not shown: pass --model and --target")
     by_reason: dict[str, list[str]] = {}

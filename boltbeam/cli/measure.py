@@ -11,7 +11,7 @@ from boltbeam import report
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
                                         import_nsys_gpu_trace)
-from boltbeam.measure.trace import Trace
+from boltbeam.measure.trace import TIMINGS, Trace
 from boltbeam.report.chrome import TOKEN_TID, write_chrome
 
 
@@ -33,7 +33,7 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
     p.add_argument("--beam", type=int, default=0, metavar="N",
                    help="let tinygrad's BEAM search (width N) choose the decode kernels' opts")
-    p.add_argument("--timing", choices=["cupti", "hcq", "launch"],
+    p.add_argument("--timing", choices=[t for t in TIMINGS if t != "import"],
                    help="how kernels are timed: in the graph replay users run (default: cupti on CUDA, "
                         "tinygrad's graph timestamps (hcq) elsewhere), or launch: one by one (CUDA; no in-graph timing)")
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")

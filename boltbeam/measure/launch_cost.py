@@ -72,16 +72,18 @@ def spans_us(trace: Trace) -> list[float]:
             for ks in trace.by_token().values()]
 
 
-def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
+def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16, depths: tuple[int, ...] = DEPTHS,
                         progress: Callable[[int], None] | None = None) -> LaunchCost:
     """Decode each calibration model in its own process (tinygrad's hook must precede its first compile)."""
     from boltbeam.synth.writer import write_calibration
     width = width or width_for(device)
+    if len(set(depths)) < 2:
+        raise BadInput("the launch benchmark needs at least two depths to draw a line")
     if width not in WIDTHS:
         raise BadInput(f"launch benchmark width must be one of {', '.join(map(str, WIDTHS))}")
     samples, timing = [], None
     with tempfile.TemporaryDirectory(prefix="boltbeam-launch-") as tmp:
-        for blocks in DEPTHS:
+        for blocks in depths:
             model, out = Path(tmp) / f"launch-{blocks}.gguf", Path(tmp) / f"launch-{blocks}.json"
             write_calibration(model, width, blocks)
             cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--context", "8",

@@ -40,11 +40,6 @@ from boltbeam.read.roles import ROLES
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NORM_ROLES = {r for r, (kind, _) in ROLES.items() if kind == "vector"}
-TIMING = {
-    "graph": "CUDA event nodes before and after every kernel node of the JIT's CUDA graphs; read once per token",
-    "launch": "kernels launched one by one (JIT=2), CUDA events around each launch; one synchronize per token",
-    "wait": "kernels launched one by one (JIT=2), tinygrad's own per-kernel timing (wait=True): each synchronized",
-}
 
 
 @dataclass
@@ -85,13 +80,31 @@ class _CudaEvents:
 
 
 @dataclass
+class Call:
+    """What the host ran in a timed token: a whole graph, or one kernel or copy outside any graph."""
+    graph: Any | None            # tinygrad's graph runner, for a graph
+    var_vals: dict[str, int]
+    ast: Any = None              # the program or copy, outside a graph
+    bufs: list[Any] | None = None
+    events: tuple | None = None  # (start, end) CUDA events around it, with launch timing
+
+    def launches(self) -> list[Launch | None]:
+        """Its launches in order (None for a graph call that is neither a program nor a copy)."""
+        if self.graph is None:
+            return [launch_of(self.ast, self.bufs, self.var_vals)]
+        from tinygrad.uop.ops import Ops
+        return [launch_of(ast, bufs, self.var_vals) if ast.op in (Ops.PROGRAM, Ops.COPY) else None
+                for _, ast, bufs, _ in self.graph.calls]
+
+
+@dataclass
 class Recorder:
     """Sees every launch of a measured token through tinygrad's per-call stats hook. It keeps only
     references while the token runs (the hook sits on the hot path) and builds launches after."""
     device: str
     timing: str                   # a key of trace.TIMINGS
     active: bool = False
-    calls: list[tuple] = field(default_factory=list)   # ("graph", runner, var_vals) | ("kernel", ast, bufs, var_vals, events)
+    calls: list[Call] = field(default_factory=list)
     jit_calls: int = 0
     events: _CudaEvents | None = None
 
@@ -115,12 +128,12 @@ class Recorder:
                     yield et
                 return
             if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
-                rec.calls.append(("graph", realize.get_graph_runtime(ast), var_vals))
+                rec.calls.append(Call(realize.get_graph_runtime(ast), var_vals))
             elif ast.op in (Ops.PROGRAM, Ops.COPY):
                 start = rec.events.record() if rec.events else None
                 with orig_track(ctx, call, device, bufs, var_vals) as et:
                     yield et
-                rec.calls.append(("kernel", ast, bufs, var_vals, (start, rec.events.record()) if rec.events else None))
+                rec.calls.append(Call(None, var_vals, ast, bufs, (start, rec.events.record()) if rec.events else None))
                 return
             with orig_track(ctx, call, device, bufs, var_vals) as et:
                 yield et
@@ -136,7 +149,7 @@ class Recorder:
         finally:
             realize.track_stats, jit.run_linear = orig_track, orig_run
 
-    def take(self) -> tuple[list[tuple], int]:
+    def take(self) -> tuple[list[Call], int]:
         """This token's calls and JIT replays; the recorder starts the next token empty."""
         calls, jit_calls = self.calls, self.jit_calls
         self.calls, self.jit_calls = [], 0
@@ -165,12 +178,6 @@ def launch_of(ast, bufs, var_vals) -> Launch:
                   writes=[b for i, b in enumerate(bufs) if i in outs], function=info.function_name)
 
 
-def _graph_launches(runner, var_vals) -> list[Launch]:
-    from tinygrad.uop.ops import Ops
-    return [launch_of(ast, bufs, var_vals) if ast.op in (Ops.PROGRAM, Ops.COPY) else None
-            for _, ast, bufs, _ in runner.calls]
-
-
 def _facts(launch: Launch) -> LaunchFacts:
     return LaunchFacts(launch.function, dims3(launch.global_size), dims3(launch.local_size))
 
@@ -178,42 +185,42 @@ def _facts(launch: Launch) -> LaunchFacts:
 Timed = list[tuple[Launch, int, int]]   # (launch, start ns, end ns) on the timing's clock, in launch order
 
 
-def launch_timeline(calls: list[tuple], events: _CudaEvents) -> Timed:
+def launch_timeline(calls: list[Call], events: _CudaEvents) -> Timed:
     """One by one (JIT=2): CUDA events around each launch, read after the token synchronized."""
-    first = calls[0][4][0]
-    return [(launch_of(ast, bufs, vv), events.elapsed_ns(first, a), events.elapsed_ns(first, b))
-            for _, ast, bufs, vv, (a, b) in calls]
+    first = calls[0].events[0]
+    return [(c.launches()[0], events.elapsed_ns(first, c.events[0]), events.elapsed_ns(first, c.events[1]))
+            for c in calls]
 
 
-def cupti_timeline(calls: list[tuple], records: list[KernelRecord], where: str) -> tuple[Timed, int]:
+def cupti_timeline(calls: list[Call], records: list[KernelRecord], where: str) -> tuple[Timed, int]:
     """The token's kernels matched to CUPTI's records; copies are not kernel records and stay out.
     Returns the timeline and the number of copies left out."""
     segments, launches, copies = [], [], 0
     for c in calls:
-        ls = _graph_launches(c[1], c[2]) if c[0] == "graph" else [launch_of(c[1], c[2], c[3])]
+        ls = c.launches()
         kernels = [l for l in ls if l is not None and l.op == "kernel"]
         copies += sum(1 for l in ls if l is not None and l.op == "copy")
         if kernels:
-            segments.append(Segment(c[0] == "graph", [_facts(l) for l in kernels]))
+            segments.append(Segment(c.graph is not None, [_facts(l) for l in kernels]))
             launches.append(kernels)
     matched = match_records(segments, records, where)
     return [(l, r.start_ns, r.end_ns) for ls, rs in zip(launches, matched) for l, r in zip(ls, rs)], copies
 
 
-def hcq_timeline(calls: list[tuple], where: str) -> Timed:
+def hcq_timeline(calls: list[Call], where: str) -> Timed:
     """The token's kernels with the timestamps their graphs wrote, by place in the graph."""
     timed, seen = [], set()
     for c in calls:
-        if c[0] != "graph":
-            if launch_of(c[1], c[2], c[3]).op == "kernel":
+        if c.graph is None:
+            if c.launches()[0].op == "kernel":
                 raise Refused(f"adapter-incomplete: {where}: a kernel ran outside tinygrad's graphs, where no "
                               f"timestamps are written")
             continue
-        if id(c[1]) in seen:
+        if id(c.graph) in seen:
             raise Refused(f"adapter-incomplete: {where}: one graph replayed twice in a token; its timestamps "
                           f"hold only the last replay")
-        seen.add(id(c[1]))
-        for launch, times in zip(_graph_launches(c[1], c[2]), hcq_times(c[1]), strict=True):
+        seen.add(id(c.graph))
+        for launch, times in zip(c.launches(), hcq_times(c.graph), strict=True):
             if launch is not None and launch.op == "kernel":
                 timed.append((launch, *times))
     return timed
@@ -375,7 +382,7 @@ def _open(device: str) -> None:
 @dataclass
 class _TimedToken:
     wall_us: float
-    calls: list[tuple]
+    calls: list[Call]
     jit_calls: int
     marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
     timeline: Timed = field(default_factory=list)
@@ -528,7 +535,7 @@ class _Run:
             token_wall_us=walls, output_tokens=self.out_tokens, memory=memory,
             kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
             kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],
-                                   [sum(1 for c in t.calls if c[0] == "graph") for t in timed],
+                                   [sum(1 for c in t.calls if c.graph is not None) for t in timed],
                                    lead_us=[t.lead_us for t in timed] if marked else None,
                                    trail_us=[t.trail_us for t in timed] if marked else None),
             provenance={"source": "profile", "tool_version": __version__,

@@ -8,14 +8,14 @@ Layout (version 1)::
                python, command, model_path, model_sha256
   workload:    context (KV depth), tokens (measured), warmup, batch
   route:       label (provenance of what executed), switch (how to turn it off), settings {}
-  token_wall_us:        every measured token's wall time as users get it (graph mode), µs
+  token_wall_us:        every plain token's wall time, as users run the route (nothing recording), µs
   output_tokens:        the tokens the route produced (for correctness checks), or null
   memory:      peak_bytes, capacity_bytes (either may be null)
-  kernel_pass_wall_us:  wall time of each token of the per-kernel pass, µs (may be empty)
+  kernel_pass_wall_us:  wall time of each timed token (the kernel pass), µs (may be empty)
   kernel_pass: timing (a key of TIMINGS: how the kernels were timed), per measured token the JIT
                calls and graph launches the host made (what launch and sync cost is counted on),
                or null (older traces, importers)
-  kernels:     one event per kernel launch of the per-kernel pass: token, index, name,
+  kernels:     one event per kernel of the timed tokens: token, index, name,
                start_us (from the token's first kernel, one device timeline) or null,
                duration_us, role (weight role or null), category, tensors, bytes, flops,
                global_size, local_size, opts
