@@ -40,7 +40,7 @@ from boltbeam.bound.roofline import Bound
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
-from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace
+from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace, timeline
 from boltbeam.report import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
@@ -169,21 +169,6 @@ def role_of(k: Kernel) -> str | None:
 
 def _median_of(per_token: Iterable[dict[str, float]], key: str) -> float:
     return median(d.get(key, 0.0) for d in per_token)
-
-
-def _timeline(kernels: list[Kernel]) -> tuple[float, float, float, float] | None:
-    """(gaps, overlap, device span, biggest gap) of one token in start order, or None without starts.
-    The span runs to the end of the last kernel to start, so kernels + gaps - overlap = span exactly."""
-    if any(k.start_us is None for k in kernels):
-        return None
-    ks = sorted(kernels, key=lambda k: k.start_us)
-    gaps = overlap = biggest = 0.0
-    for a, b in zip(ks, ks[1:]):
-        d = b.start_us - (a.start_us + a.duration_us)
-        gaps += max(0.0, d)
-        overlap += max(0.0, -d)
-        biggest = max(biggest, d)
-    return gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest
 
 
 # --- causes of a role's gap ----------------------------------------------------------------------
@@ -417,18 +402,18 @@ def _overhead_lines(trace: Trace, groups: dict[int, list[Kernel]], target: Targe
     """Gaps and overlap from the device timeline, launch and sync from the target's measured fact; and
     the median overlap (the inflation check needs it) and the median time the timed tokens spent
     outside their device span (a check on the launch fact, never a line)."""
-    timelines = [_timeline(ks) for ks in groups.values()]
+    timelines = [timeline(ks) for ks in groups.values()]
     overheads: list[Line] = []
     overlap, outside = 0.0, None
     if all(t is not None for t in timelines):
-        gaps = median(t[0] for t in timelines)
-        overlap = median(t[1] for t in timelines)
-        biggest = median(t[3] for t in timelines)
+        gaps = median(t.gaps_us for t in timelines)
+        overlap = median(t.overlap_us for t in timelines)
+        biggest = median(t.biggest_gap_us for t in timelines)
         overheads.append(Line("gaps between kernels", "gap", gaps, "gap",
                               f"idle device time between consecutive kernels (biggest gap {_us(max(0.0, biggest))})"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
         if len(trace.kernel_pass_wall_us) == len(groups):
-            outside = median(w - t[2] for w, t in zip(trace.kernel_pass_wall_us, timelines))
+            outside = median(w - t.span_us for w, t in zip(trace.kernel_pass_wall_us, timelines))
     else:
         notes.append("some kernels lack start_us: gaps and overlap are not measured")
     launch = _launch_line(trace, groups, target, notes)

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from boltbeam.errors import BadInput
-from boltbeam.measure.trace import Trace, load
+from boltbeam.measure.trace import load, timeline
 
 # Blocks of the calibration models: from a few dozen kernels a token to ~900, so a real token's
 # count lies inside the measured range rather than beyond it.
@@ -66,12 +66,6 @@ class LaunchCost:
     samples: list[LaunchSample]
 
 
-def spans_us(trace: Trace) -> list[float]:
-    """Each timed token's device span: its first kernel's start to the last kernel's end."""
-    return [max(k.start_us + k.duration_us for k in ks) - min(k.start_us for k in ks)
-            for ks in trace.by_token().values()]
-
-
 def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16, depths: tuple[int, ...] = DEPTHS,
                         progress: Callable[[int], None] | None = None) -> LaunchCost:
     """Decode each calibration model in its own process (tinygrad's hook must precede its first compile)."""
@@ -96,7 +90,8 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
             timing = trace.kernel_pass.timing
             samples.append(LaunchSample(blocks, len(trace.kernels_of_token(0)),
                                         round(statistics.median(trace.kernel_pass.graph_launches)),
-                                        trace.token_wall_us, spans_us(trace), trace.kernel_pass.lead_us,
+                                        trace.token_wall_us, [timeline(ks).span_us for ks in trace.by_token().values()],
+                                        trace.kernel_pass.lead_us,
                                         trace.kernel_pass.trail_us))
             if progress:
                 progress(1)

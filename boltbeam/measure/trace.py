@@ -115,6 +115,29 @@ class Trace:
         return sorted({k.token for k in self.kernels})
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """One token's kernels on their device timeline, in start order."""
+    gaps_us: float          # idle time between consecutive kernels
+    overlap_us: float       # time kernels ran at the same time
+    span_us: float          # first start to the end of the last kernel to start: kernels + gaps - overlap
+    biggest_gap_us: float
+
+
+def timeline(kernels: list[Kernel]) -> Timeline | None:
+    """The token's timeline, or None when a kernel has no start."""
+    if not kernels or any(k.start_us is None for k in kernels):
+        return None
+    ks = sorted(kernels, key=lambda k: k.start_us)
+    gaps = overlap = biggest = 0.0
+    for a, b in zip(ks, ks[1:]):
+        d = b.start_us - (a.start_us + a.duration_us)
+        gaps += max(0.0, d)
+        overlap += max(0.0, -d)
+        biggest = max(biggest, d)
+    return Timeline(gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
