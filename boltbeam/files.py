@@ -12,15 +12,22 @@ from typing import Any, Iterator
 from boltbeam.errors import BadInput
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def load_json(path: str | os.PathLike, what: str) -> Any:
-    """Read a JSON file a user handed in; any failure is one BadInput line naming the file."""
+    """Read a JSON file a user handed in; any failure is one BadInput line naming the file. NaN and
+    Infinity (which Python's json accepts) are refused: no non-finite number reaches arithmetic."""
     p = Path(path)
     if not p.is_file():
         raise BadInput(f"{what} {p}: no such file")
     try:
         with p.open("rb") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            return json.load(f, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadInput(f"{what} {p}: nested too deeply to be what it claims") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
         raise BadInput(f"{what} {p}: not valid JSON ({e.__class__.__name__}: {e})") from None
 
 
@@ -31,6 +38,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     p = Path(path)
     if p.is_dir():
         raise BadInput(f"{p} is a folder, not a file to write")
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise BadInput(f"{p} is not a regular file (a link, a device, a pipe): left untouched")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
@@ -40,6 +49,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, p)
+    except OSError as e:   # a full disk, a quota, a file system gone read-only
+        Path(tmp).unlink(missing_ok=True)
+        raise BadInput(f"cannot write {p}: {e.strerror or e}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

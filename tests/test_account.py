@@ -347,3 +347,14 @@ def test_overlapping_kernels_are_not_inflation(tiny_bound):
     assert acc.kernel_sum_us == pytest.approx(120.0) and acc.overlap_us == pytest.approx(50.0)
     assert acc.busy_us == pytest.approx(70.0) and acc.inflation_us == 0
     assert not any("inflated" in r for r in acc.refusals)
+
+
+def test_compare_refuses_a_token_faster_than_physics(capsys, tmp_path, model, tiny_bound):
+    fast = tiny_bound.token_floor_us * 0.5
+    a = token([kernel(fast, "ffn_down")])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    save(make_trace([a], [fast], [fast]), pa)
+    save(make_trace([a], [2 * tiny_bound.token_floor_us], None), pb)
+    code, out, err = run(capsys, "compare", pa, pb, "--model", model, "--target", "h200")
+    assert code == 3 and out == "" and "measurement error: A's fastest token" in err and err.count("\n") == 1
+    assert run(capsys, "compare", pa, pb)[0] == 0          # without floors there is nothing to check it against

@@ -110,6 +110,12 @@ def test_targets_registry_has_facts_with_provenance(capsys):
     ('[x]\nmemory_bandwidth = { value = 1e12, unit = "B/s", status = "guess", source = "s", date = "d" }\n', "status"),
     ('[x]\nmultiprocessors = { value = 10, unit = "count", status = "spec", source = "s", date = "d" }\n', "memory_bandwidth"),
     ('not toml [', "not valid TOML"),
+    ('[x]\nmemory_bandwidth = { value = nan, unit = "B/s", status = "spec", source = "s", date = "d" }\n', "positive number"),
+    ('[x]\nmemory_bandwidth = { value = inf, unit = "B/s", status = "spec", source = "s", date = "d" }\n', "positive number"),
+    ('[x]\nmemory_bandwidth = { value = 4800, unit = "B/s", status = "spec", source = "s", date = "d" }\n', "unit mistake"),
+    ('[x]\nmemory_bandwidth = { value = 4.8, unit = "parsecs", status = "spec", source = "s", date = "d" }\n', "unit 'parsecs'"),
+    ('[x]\nmemory_bandwidth = { value = 4.8, unit = "s", status = "spec", source = "s", date = "d" }\n', "measures time"),
+    ('[x]\nmemory_bandwidth = { value = 1e30, unit = "B/s", status = "spec", source = "s", date = "d" }\n', "unit mistake"),
 ])
 def test_bad_target_files(tiny_model, tmp_path, capsys, body, message):
     f = tmp_path / "t.toml"
@@ -117,6 +123,20 @@ def test_bad_target_files(tiny_model, tmp_path, capsys, body, message):
     assert main(["bound", tiny_model, "--target", "x", "--targets", str(f)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_units_are_read_and_converted(tiny_model, tmp_path, capsys):
+    """4,800 GB/s is 4.8e12 B/s: the floor is the same as for the same bandwidth written in B/s."""
+    f = tmp_path / "t.toml"
+    fact = 'memory_bandwidth = {{ value = {}, unit = "{}", status = "spec", source = "s", date = "d" }}'
+    f.write_text(f"[gb]\n{fact.format(4800, 'GB/s')}\n[b]\n{fact.format(4.8e12, 'B/s')}\n"
+                 f"[tb]\n{fact.format(4.8, 'TB/s')}\n")
+    floors = []
+    for name in ("gb", "b", "tb"):
+        assert main(["bound", tiny_model, "--target", name, "--targets", str(f), "--json"]) == 0
+        floors.append(json.loads(capsys.readouterr().out)["token_floor_us"])
+    assert floors[0] == pytest.approx(floors[1]) == pytest.approx(floors[2])
+    assert get_target("gb", [str(f)]).facts["memory_bandwidth"].unit == "B/s"
 
 
 def test_unknown_target(tiny_model, capsys):

@@ -93,3 +93,54 @@ def test_writing_onto_a_folder_is_bad_input(tmp_path, capsys):
     assert main(["synth", str(tmp_path), "--arch", "qwen3", "--preset", "tiny"]) == 2
     assert "is a folder" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    (json.dumps(good()).replace("100.0", "NaN", 1), "NaN is not a number JSON allows"),
+    (json.dumps(good()).replace("100.0", "Infinity", 1), "Infinity is not a number JSON allows"),
+])
+def test_hostile_json_is_one_line(tmp_path, capsys, text, says):
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    for argv in (["compare", str(path), str(path)], ["export-trace", str(path), "--chrome", str(tmp_path / "c.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_special_files_are_never_replaced(tmp_path, capsys):
+    import os
+    import stat
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(good()))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    targets = [fifo]
+    if os.geteuid() == 0:   # a character device like /dev/full, made here, never one under /dev
+        node = tmp_path / "full"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        targets.append(node)
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    for out in [*targets, link]:
+        assert main(["export-trace", str(path), "--chrome", str(out)]) == 2
+        assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and link.is_symlink() and not (tmp_path / "elsewhere.json").exists()
+    if len(targets) > 1:
+        assert stat.S_ISCHR(targets[1].lstat().st_mode)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(good()))
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "replace", full)
+    assert main(["export-trace", str(path), "--chrome", str(tmp_path / "c.json")]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]

@@ -132,6 +132,11 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
             regions, reason = found
             for r in regions:
                 incomparable[r] = f"{incomparable[r]}; {reason}" if r in incomparable else reason
+    if bound:
+        for trace, side in ((a, "A"), (b, "B")):
+            if (fastest := min(trace.token_wall_us)) < bound.token_floor_us:
+                raise Refused(f"measurement error: {side}'s fastest token took {fastest:,.2f} µs, under the physical "
+                              f"floor of {bound.token_floor_us:,.2f} µs on {bound.target}: no winner can be declared")
     times_a = region_times(a) if a.kernels else None
     times_b = region_times(b) if b.kernels else None
     floors = region_floors(bound) if bound else None

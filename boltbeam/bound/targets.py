@@ -16,6 +16,26 @@ STATUSES = ("spec", "measured", "derived")
 REQUIRED = ("memory_bandwidth",)
 # Facts that may be zero or negative: launch cost per kernel is measured net of the timing's own cost.
 SIGNED = ("launch_sync_per_kernel",)
+
+# Every unit a fact may be written in: its dimension and its factor to the dimension's base unit.
+UNITS = {
+    "B/s": ("bandwidth", 1.0), "KB/s": ("bandwidth", 1e3), "MB/s": ("bandwidth", 1e6), "GB/s": ("bandwidth", 1e9),
+    "TB/s": ("bandwidth", 1e12), "GiB/s": ("bandwidth", 2.0 ** 30),
+    "B": ("bytes", 1.0), "KB": ("bytes", 1e3), "KiB": ("bytes", 2.0 ** 10), "MB": ("bytes", 1e6),
+    "MiB": ("bytes", 2.0 ** 20), "GB": ("bytes", 1e9), "GiB": ("bytes", 2.0 ** 30),
+    "s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "µs": ("time", 1e-6), "ns": ("time", 1e-9),
+    "FLOP/s": ("rate", 1.0), "GFLOP/s": ("rate", 1e9), "TFLOP/s": ("rate", 1e12),
+    "count": ("count", 1.0), "threads": ("count", 1.0),
+    "USD/h": ("price", 1.0),
+}
+BASE = {"bandwidth": "B/s", "bytes": "B", "time": "s", "rate": "FLOP/s", "count": "count", "price": "USD/h"}
+# The dimension a fact's name asks for (a part of the name -> dimension); other facts take any unit.
+DIMENSION_OF = {"bandwidth": "bandwidth", "capacity": "bytes", "local_memory": "bytes", "latency": "time",
+                "launch_sync": "time", "peak_": "rate", "matmul": "rate", "multiprocessors": "count",
+                "threads": "count", "registers": "count", "width": "count", "price": "price"}
+# Where a value, in base units, can lie for any chip: a bandwidth of 4,800 B/s is a unit mistake.
+PLAUSIBLE = {"bandwidth": (1e8, 1e15), "bytes": (1.0, 1e15), "time": (1e-10, 10.0), "rate": (1e8, 1e18),
+             "count": (1.0, 1e9), "price": (1e-3, 1e4)}
 HOST = "host"
 
 
@@ -65,14 +85,30 @@ def _parse(name: str, body: Any, where: str) -> Target:
             raise BadInput(f"{where}: {name}.{key} needs a value and unit, status, source and date as strings")
         if f["status"] not in STATUSES:
             raise BadInput(f"{where}: {name}.{key}: status {f['status']!r} is not one of {', '.join(STATUSES)}")
-        if not isinstance(f["value"], (int, float)) or isinstance(f["value"], bool) or not math.isfinite(f["value"]) \
-                or (f["value"] <= 0 and key not in SIGNED):
-            raise BadInput(f"{where}: {name}.{key}: value must be a {'finite' if key in SIGNED else 'positive'} number")
-        facts[key] = Fact(float(f["value"]), str(f["unit"]), f["status"], str(f["source"]), str(f["date"]))
+        facts[key] = _fact(f, f"{where}: {name}.{key}", signed=key in SIGNED,
+                           dimension=next((d for part, d in DIMENSION_OF.items() if part in key), None))
     for key in REQUIRED:
         if key not in facts:
             raise BadInput(f"{where}: target {name!r} lacks the fact {key!r}")
     return Target(name, str(body.get("description", name)), facts)
+
+
+def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
+    """A fact in its dimension's base unit; the unit is read, never assumed."""
+    if f["unit"] not in UNITS:
+        raise BadInput(f"{where}: unit {f['unit']!r} is not one BoltBeam reads ({', '.join(UNITS)})")
+    dim, factor = UNITS[f["unit"]]
+    if dimension and dim != dimension:
+        raise BadInput(f"{where}: unit {f['unit']!r} measures {dim}; this fact is a {dimension} "
+                       f"(e.g. {BASE[dimension]})")
+    v = f["value"]
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or (v <= 0 and not signed):
+        raise BadInput(f"{where}: value must be a {'finite' if signed else 'positive'} number, not {v!r}")
+    low, high = PLAUSIBLE[dim]
+    if v != 0 and not low <= abs(v * factor) <= high:
+        raise BadInput(f"{where}: {v:g} {f['unit']} is outside what any chip has ({low:g} to {high:g} "
+                       f"{BASE[dim]}): a unit mistake?")
+    return Fact(float(v * factor), BASE[dim], f["status"], str(f["source"]), str(f["date"]))
 
 
 def _load_file(text: str, where: str) -> dict[str, Target]:
