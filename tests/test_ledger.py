@@ -418,3 +418,46 @@ def test_cli_default_ledger_is_in_the_working_directory(tmp_path: Path, monkeypa
     assert cli("ledger", "add", "--candidate", "c", "--verdict", "diagnostic", "--reason", "Measured.") == 0
     with Ledger(tmp_path / ".boltbeam" / "ledger.sqlite", create=False) as ledger:
         assert [e.candidate for e in ledger.entries()] == ["c"]
+
+
+def test_text_that_is_not_utf8_is_one_line(tmp_path: Path, capsys):
+    path = tmp_path / "l.db"
+    bad = b"slow \xff".decode("utf-8", "surrogateescape")   # how the shell hands in undecodable bytes
+    for flag in ("--reason", "--candidate"):
+        args = {"--reason": "Fine.", "--candidate": "c"} | {flag: bad}
+        code = main(["ledger", "add", "--ledger", str(path), "--verdict", "promote",
+                     "--candidate", args["--candidate"], "--reason", args["--reason"]])
+        err = capsys.readouterr().err
+        assert code == 2 and "not valid UTF-8" in err and err.count("\n") == 1
+    assert not path.exists()
+
+
+def test_reading_a_ledger_leaves_it_unchanged_even_where_nothing_can_be_written(tmp_path: Path, capsys):
+    """list, show, verify and export open the file read-only. Where SQLite cannot make its WAL index
+    beside the file (read-only media; here a folder stands in its way) they still read it."""
+    path = tmp_path / "l.db"
+    with Ledger(path) as ledger:
+        ledger.append(candidate="c", verdict="promote", reasons=["Faster."], scope={}, evidence=[], reopen=None,
+                      actor="t")
+    before = sha256_file(path)
+    (tmp_path / "l.db-shm").mkdir()
+    for command in (["list", "--json"], ["show", "1", "--json"], ["verify", "--json"], ["export"]):
+        assert main(["ledger", *command, "--ledger", str(path)]) == 0, command
+        assert '"c"' in capsys.readouterr().out or command[0] == "verify"
+    assert sha256_file(path) == before
+
+
+def test_a_full_disk_is_one_line_and_the_chain_holds(tmp_path: Path, capsys, monkeypatch):
+    path = tmp_path / "l.db"
+    assert main(["ledger", "add", "--ledger", str(path), "--candidate", "c", "--verdict", "promote",
+                 "--reason", "Faster."]) == 0
+
+    def full(self, d):
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setattr(Ledger, "_record", full)
+    assert main(["ledger", "add", "--ledger", str(path), "--candidate", "d", "--verdict", "promote",
+                 "--reason", "Faster."]) == 2
+    assert "cannot write (database or disk is full)" in capsys.readouterr().err
+    monkeypatch.undo()
+    with Ledger(path, create=False) as ledger:
+        assert ledger.verify().ok and [e.candidate for e in ledger.entries()] == ["c"]

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -116,9 +117,22 @@ class Verification:
         return self.problem is None
 
 
+def _utf8(text: Any, what: str) -> Any:
+    """Text that UTF-8 can store; the shell hands undecodable bytes in as lone surrogates."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"ledger entry: the {what} is not valid UTF-8 text") from None
+    return text
+
+
 def draft(*, candidate: str, verdict: str, reasons: list[str], scope: dict[str, Any],
           evidence: list[str], reopen: str | None, actor: str) -> Draft:
     """Check an entry and hash its evidence files; any problem is one BadInput line."""
+    for what, text in (("candidate", candidate), ("reopen condition", reopen), ("actor", actor),
+                       *(("reason", r) for r in (reasons if isinstance(reasons, list) else []))):
+        _utf8(text, what)
     if not isinstance(candidate, str) or not candidate.strip():
         raise BadInput("ledger entry: candidate id is empty")
     if verdict not in VERDICTS:
@@ -128,7 +142,7 @@ def draft(*, candidate: str, verdict: str, reasons: list[str], scope: dict[str, 
     if not isinstance(scope, dict):
         raise BadInput(f"ledger entry: scope must be a JSON object, not {type(scope).__name__}")
     try:
-        scope = json.loads(canonical(scope))   # what is stored is what is hashed, keys as text
+        scope = json.loads(_utf8(canonical(scope), "scope"))   # what is stored is what is hashed, keys as text
     except (TypeError, ValueError) as e:
         raise BadInput(f"ledger entry: scope is not plain JSON ({e})") from None
     reopen = reopen.strip() if isinstance(reopen, str) and reopen.strip() else None
@@ -150,7 +164,8 @@ def draft(*, candidate: str, verdict: str, reasons: list[str], scope: dict[str, 
 
 class Ledger:
     """One ledger file. `Ledger(path)` creates the file, its folder and the schema if missing;
-    with create=False a missing file is BadInput. A file that is not a ledger is always BadInput."""
+    with create=False it is opened read-only (so a ledger on read-only media can be listed and
+    verified) and a missing file is BadInput. A file that is not a ledger is always BadInput."""
 
     def __init__(self, path: str | os.PathLike = DEFAULT_PATH, *, create: bool = True):
         self.path = Path(path)
@@ -160,7 +175,13 @@ class Ledger:
             if not create:
                 raise BadInput(f"ledger {self.path}: no such file")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            self._db = (sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None) if create
+                        else _read_only(self.path))
+        except sqlite3.OperationalError as e:
+            raise BadInput(f"ledger {self.path}: cannot open ({e})") from None
+        except sqlite3.DatabaseError as e:
+            raise BadInput(f"ledger {self.path}: not a BoltBeam ledger ({e})") from None
         try:
             self._open(create)
         except sqlite3.DatabaseError as e:
@@ -189,6 +210,8 @@ class Ledger:
         state = self._state()   # before anything is written: a stranger's file stays untouched
         if state == "empty" and not create:
             raise BadInput(f"ledger {self.path}: empty file, not a BoltBeam ledger")
+        if not create:
+            return   # read-only: nothing to set up
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")   # a committed verdict survives power loss too
         if state == "empty":
@@ -215,7 +238,14 @@ class Ledger:
                                  evidence=evidence, reopen=reopen, actor=actor))
 
     def record(self, d: Draft) -> int:
-        """Append a checked draft as the next link of the chain; returns its id."""
+        """Append a checked draft as the next link of the chain; returns its id. A disk that is full or
+        read-only is one BadInput line; the transaction rolls back and the chain stays as it was."""
+        try:
+            return self._record(d)
+        except sqlite3.OperationalError as e:
+            raise BadInput(f"ledger {self.path}: cannot write ({e})") from None
+
+    def _record(self, d: Draft) -> int:
         with _immediate(self._db):
             last = self._db.execute("SELECT id, hash FROM entries ORDER BY id DESC LIMIT 1").fetchone()
             last_id, prev_hash = last if last else (0, GENESIS)
@@ -300,6 +330,19 @@ class Ledger:
             return Verification(count, prev_hash, None,
                                 f"the append-only triggers are gone ({', '.join(missing)}): the file was altered")
         return Verification(count, prev_hash, None, None)
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection; on read-only media, where SQLite cannot make the WAL index beside the
+    file, an immutable one (nothing can be writing there)."""
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+    db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
 
 
 @contextmanager
