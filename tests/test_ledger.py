@@ -434,7 +434,7 @@ def test_text_that_is_not_utf8_is_one_line(tmp_path: Path, capsys):
 
 def test_reading_a_ledger_leaves_it_unchanged_even_where_nothing_can_be_written(tmp_path: Path, capsys):
     """list, show, verify and export open the file read-only. Where SQLite cannot make its WAL index
-    beside the file (read-only media; here a folder stands in its way) they still read it."""
+    beside the file (as on read-only media; here a folder stands in its way) they still read it."""
     path = tmp_path / "l.db"
     with Ledger(path) as ledger:
         ledger.append(candidate="c", verdict="promote", reasons=["Faster."], scope={}, evidence=[], reopen=None,

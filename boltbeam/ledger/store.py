@@ -333,16 +333,9 @@ class Ledger:
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection; on read-only media, where SQLite cannot make the WAL index beside the
-    file, an immutable one (nothing can be writing there)."""
+    """A connection that cannot write: reading a ledger never changes it, and works on read-only media."""
     uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
-    db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    try:
-        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-        return db
-    except sqlite3.OperationalError:
-        db.close()
-        return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
 
 
 @contextmanager
