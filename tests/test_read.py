@@ -5,6 +5,7 @@ import struct
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+import gguf_bytes
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.read.census import take_census
@@ -135,3 +136,32 @@ def test_synth_bad_input_writes_nothing(tmp_path, capsys):
     assert main(["synth", str(out), "--arch", "llama", "--preset", "tiny", "--tied"]) == 0
     c = take_census(out)
     assert c.tied_embeddings and not c.unclassified
+
+
+F32 = 0   # GGML type: 4 bytes an element
+
+
+@pytest.mark.parametrize("blob, says", [
+    (gguf_bytes.gguf([], gguf_bytes.arch_kv()), "holds no tensors"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64, 0], F32, 0)], gguf_bytes.arch_kv()), "empty dimension"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 4)], gguf_bytes.arch_kv()), "alignment"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0), (b"token_embd.weight", [64, 4], F32, 128)],
+                     gguf_bytes.arch_kv()), "overlaps the tensor before it"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 2 ** 64 - 32)], gguf_bytes.arch_kv()),
+     "overlaps the header"),                                                        # an offset that wraps 2^64
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 2 ** 40)], gguf_bytes.arch_kv()), "cannot reshape"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [2 ** 62, 2 ** 62], F32, 0)], gguf_bytes.arch_kv()), "cannot reshape"),
+    (gguf_bytes.gguf([(b"blk.0.ffn_down.weight", [100, 4], 12, 0)], gguf_bytes.arch_kv()),
+     "not a multiple of Q4_K block size"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0)], gguf_bytes.arch_kv(), name_length=3 << 30),
+     "a string of 3,221,225,472 bytes"),
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0)],
+                     [gguf_bytes.string_kv(b"general.architecture", b"\xff\xfe")]), "not UTF-8"),
+])
+@pytest.mark.parametrize("command", [["inspect"], ["bound", "--target", "h200"]])
+def test_corrupt_headers_are_one_line(tmp_path, capsys, blob, says, command):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(blob)
+    assert main([command[0], str(path), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err

@@ -19,7 +19,19 @@ from gguf import GGUFReader, GGUFValueType
 from boltbeam.errors import BadInput
 
 
+# No key, tensor name or metadata string of a real model comes near this (chat templates are tens of
+# KB; tokenizer strings are stepped over, not read); a longer length is corruption, refused before
+# its bytes are copied.
+MAX_STRING = 1 << 20
+
+
 class HeaderReader(GGUFReader):
+    def _get_str(self, offset: int):
+        (slen,) = struct.unpack_from("<Q", self.data, offset)
+        if slen > MAX_STRING or offset + 8 + slen > len(self.data):
+            raise ValueError(f"a string of {slen:,} bytes at byte {offset:,}")
+        return super()._get_str(offset)
+
     def _get_field_parts(self, orig_offs: int, raw_type: int):
         if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
@@ -58,7 +70,8 @@ def open_gguf(path: str | os.PathLike) -> HeaderReader:
         if f.read(4) != b"GGUF":
             raise BadInput(f"model {p}: not a GGUF file (bad magic)")
     try:
-        reader = HeaderReader(p)
+        with np.errstate(over="ignore"):   # an offset that wraps 2^64 is refused below, not warned about
+            reader = HeaderReader(p)
     except ValueError as e:
         msg = str(e)
         if "is not a valid GGMLQuantizationType" in msg:
@@ -66,11 +79,30 @@ def open_gguf(path: str | os.PathLike) -> HeaderReader:
         raise BadInput(f"model {p}: unreadable GGUF header ({msg})") from None
     except (IndexError, KeyError, struct.error, OverflowError) as e:
         raise BadInput(f"model {p}: truncated or corrupt GGUF header ({e.__class__.__name__}: {e})") from None
-    for t in reader.tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
-            raise BadInput(f"model {p}: truncated: tensor {t.name} ends at byte "
-                           f"{int(t.data_offset) + int(t.n_bytes):,} of a {size:,}-byte file")
+    _check_tensors(reader, p, size)
     return reader
+
+
+def _check_tensors(reader: HeaderReader, p: Path, size: int) -> None:
+    """The tensor table against the format's rules and the file's own size: at least one tensor, no
+    empty dimension, each tensor's data aligned inside the data section, none overlapping another."""
+    if not reader.tensors:
+        raise BadInput(f"model {p}: the file holds no tensors: nothing to read or bound")
+    end = reader.data_offset
+    for t in sorted(reader.tensors, key=lambda t: int(t.data_offset)):
+        dims = [int(d) for d in t.shape]
+        if not dims or min(dims) < 1:
+            raise BadInput(f"model {p}: tensor {t.name} has an empty dimension {dims}")
+        start, stop = int(t.data_offset), int(t.data_offset) + int(t.n_bytes)
+        if (start - reader.data_offset) % reader.alignment:
+            raise BadInput(f"model {p}: tensor {t.name}'s data at byte {start:,} breaks the file's "
+                           f"{reader.alignment}-byte alignment")
+        if start < end:
+            what = "the header" if end == reader.data_offset else "the tensor before it"
+            raise BadInput(f"model {p}: tensor {t.name}'s data at byte {start:,} overlaps {what} (ends at {end:,})")
+        if stop > size:
+            raise BadInput(f"model {p}: truncated: tensor {t.name} ends at byte {stop:,} of a {size:,}-byte file")
+        end = stop
 
 
 def scalar(reader: GGUFReader, key: str) -> Any:
@@ -82,4 +114,7 @@ def scalar(reader: GGUFReader, key: str) -> Any:
         if len(f.types) > 1 and f.types[1] != GGUFValueType.STRING and f.data:
             return [v.item() for v in f.parts[f.data[0]]]
         return None
-    return f.contents()
+    try:
+        return f.contents()
+    except UnicodeDecodeError:
+        raise BadInput(f"metadata {key}: a string that is not UTF-8") from None
