@@ -151,10 +151,12 @@ def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
     """measure-target --launch decodes calibration models with profile's own timing; the facts it
     writes give the account a launch line equal to them times the token's launches."""
     from boltbeam.bound.measure_target import target_toml
-    from boltbeam.measure.launch_cost import measure_launch_cost
-    cost = measure_launch_cost("CPU", tokens=4, depths=(1, 3))
-    assert [s.blocks for s in cost.samples] == [1, 3] and cost.samples[0].kernels < cost.samples[1].kernels
-    assert cost.timing == "hcq" and all(len(s.plain_wall_us) == 4 and len(s.lead_us) == 4 for s in cost.samples)
+    from boltbeam.measure.launch_cost import LaunchCost, calibration_samples
+    samples = calibration_samples("CPU", 256, tokens=4, depths=(1, 3))
+    assert [s.blocks for s in samples] == [1, 3] and samples[0].kernels < samples[1].kernels
+    assert all(s.timing == "hcq" and len(s.plain_wall_us) == len(s.span_us) == len(s.lead_us) == 4 for s in samples)
+    # the fit is tested on its own (test_launch_fit); here the facts' way into the account
+    cost = LaunchCost("CPU", 256, "hcq", per_call_us=512.0, per_kernel_us=-1.5, samples=samples)
     toml = tmp_path / "host.toml"
     m = {"device": "CPU", "size_bytes": 1 << 20, "read_bandwidth": 1e10, "copy_bandwidth": 1e10,
          "read_samples_s": [1.0], "copy_samples_s": [1.0], "launch": dataclasses.asdict(cost)}
@@ -165,4 +167,16 @@ def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     launch = next(line for line in d["lines"] if line["kind"] == "launch")
     kernels = len(tracefile.load(trace).kernels_of_token(0))
-    assert launch["us"] == pytest.approx(cost.per_call_us + cost.per_kernel_us * kernels, rel=1e-3)   # 4 digits in TOML
+    assert launch["us"] == pytest.approx(512.0 - 1.5 * kernels)
+
+
+def test_launch_fit():
+    from boltbeam.errors import BadInput
+    from boltbeam.measure.launch_cost import LaunchSample, fit
+
+    def sample(kernels, outside):
+        return LaunchSample(1, "cupti", kernels, 1, [1000.0 + outside] * 3, [1000.0] * 3, None, None)
+    assert fit([sample(40, 420.0), sample(400, 600.0), sample(800, 800.0)]) == pytest.approx((400.0, 0.5))
+    assert fit([sample(40, 380.0), sample(800, 0.0)]) == pytest.approx((400.0, -0.5))   # timing costs more a kernel
+    with pytest.raises(BadInput, match="too noisy"):
+        fit([sample(40, -10.0), sample(800, 500.0)])

@@ -44,6 +44,7 @@ def width_for(device: str) -> int:
 @dataclass
 class LaunchSample:
     blocks: int
+    timing: str                # how the calibration profile timed its kernels (trace.TIMINGS)
     kernels: int               # kernels per token
     graphs: int                # graphs launched per token
     plain_wall_us: list[float]
@@ -68,14 +69,32 @@ class LaunchCost:
 
 def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16, depths: tuple[int, ...] = DEPTHS,
                         progress: Callable[[int], None] | None = None) -> LaunchCost:
+    """Calibrate, then fit."""
+    width = width or width_for(device)
+    samples = calibration_samples(device, width, tokens, depths, progress)
+    per_call, per_kernel = fit(samples)
+    return LaunchCost(device, width, samples[0].timing, per_call_us=per_call, per_kernel_us=per_kernel, samples=samples)
+
+
+def fit(samples: list[LaunchSample]) -> tuple[float, float]:
+    """(µs a call, µs a kernel): a line through plain token minus timed span over kernels per token."""
+    slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1)
+    if intercept <= 0:
+        raise BadInput(f"launch benchmark: the line through {', '.join(f'{s.outside_us:.1f} µs' for s in samples)} "
+                       f"(plain token minus timed span at {', '.join(str(s.kernels) for s in samples)} kernels) gives "
+                       f"no positive cost per call: the device was too noisy to state one")
+    return float(intercept), float(slope)
+
+
+def calibration_samples(device: str, width: int, tokens: int, depths: tuple[int, ...],
+                        progress: Callable[[int], None] | None = None) -> list[LaunchSample]:
     """Decode each calibration model in its own process (tinygrad's hook must precede its first compile)."""
     from boltbeam.synth.writer import write_calibration
-    width = width or width_for(device)
     if len(set(depths)) < 2:
         raise BadInput("the launch benchmark needs at least two depths to draw a line")
     if width not in WIDTHS:
         raise BadInput(f"launch benchmark width must be one of {', '.join(map(str, WIDTHS))}")
-    samples, timing = [], None
+    samples = []
     with tempfile.TemporaryDirectory(prefix="boltbeam-launch-") as tmp:
         for blocks in depths:
             model, out = Path(tmp) / f"launch-{blocks}.gguf", Path(tmp) / f"launch-{blocks}.json"
@@ -87,17 +106,11 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
                 raise BadInput(f"launch benchmark: decoding a {blocks}-block model failed: {last}")
             trace = load(str(out))
-            timing = trace.kernel_pass.timing
-            samples.append(LaunchSample(blocks, len(trace.kernels_of_token(0)),
+            samples.append(LaunchSample(blocks, trace.kernel_pass.timing, len(trace.kernels_of_token(0)),
                                         round(statistics.median(trace.kernel_pass.graph_launches)),
                                         trace.token_wall_us, [timeline(ks).span_us for ks in trace.by_token().values()],
                                         trace.kernel_pass.lead_us,
                                         trace.kernel_pass.trail_us))
             if progress:
                 progress(1)
-    slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1)
-    if intercept <= 0:
-        raise BadInput(f"launch benchmark: the line through {', '.join(f'{s.outside_us:.1f} µs' for s in samples)} "
-                       f"(plain token minus timed span at {', '.join(str(s.kernels) for s in samples)} kernels) gives "
-                       f"no positive cost per call: the device was too noisy to state one")
-    return LaunchCost(device, width, timing, per_call_us=float(intercept), per_kernel_us=float(slope), samples=samples)
+    return samples
