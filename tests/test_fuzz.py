@@ -109,3 +109,28 @@ def test_nsys_csv_of_anything(tmp_path, capsys, lines, header):
     if answered_or_refused(capsys, ["import", "nsys", str(csv), "--tokens", "1", "--out", str(out), "--json"]):
         assert not out.exists()
     out.unlink(missing_ok=True)
+
+
+def fixture_doc(name: str):
+    from pathlib import Path
+    return json.loads((Path(__file__).parent / "data" / name).read_text())
+
+
+IMPORTS = {"llama-bench": ("import_llama_bench.json", []), "chrome": ("import_kineto.json", ["--tokens", "2"])}
+
+
+@fuzz(300)
+@given(kind=st.sampled_from(sorted(IMPORTS)), data=st.data(), value=JSON)
+def test_importer_json_with_a_field_replaced(tmp_path, capsys, kind, data, value):
+    name, flags = IMPORTS[kind]
+    doc = fixture_doc(name)
+    where = data.draw(st.sampled_from([p for p in paths(doc) if p][:400]))
+    node = doc
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    src, out = tmp_path / "in.json", tmp_path / "t.json"
+    src.write_text(json.dumps(doc))
+    if answered_or_refused(capsys, ["import", kind, str(src), *flags, "--out", str(out), "--json"]):
+        assert not out.exists()
+    out.unlink(missing_ok=True)

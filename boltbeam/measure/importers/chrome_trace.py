@@ -34,7 +34,14 @@ def read_events(path: str | os.PathLike) -> tuple[list[dict[str, Any]], str | No
         raise BadInput(f"Chrome trace {path}: expected {{\"traceEvents\": [...]}} or a list of events")
     props = data.get("deviceProperties") if isinstance(data, dict) else None
     device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
-    return [e for e in events if isinstance(e, dict)], device
+    events = [e for e in events if isinstance(e, dict)]
+    for i, e in enumerate(events):   # the fields every reader below relies on, checked once
+        for key in ("ph", "cat", "name"):
+            if e.get(key) is not None and not isinstance(e[key], str):
+                raise BadInput(f"Chrome trace {path}: event {i}: '{key}' must be a string, not {e[key]!r:.40}")
+        if e.get("args") is not None and not isinstance(e["args"], dict):
+            raise BadInput(f"Chrome trace {path}: event {i}: 'args' must be an object")
+    return events, device if isinstance(device, str) else None
 
 
 def _number(event: dict[str, Any], key: str, where: str) -> float:
