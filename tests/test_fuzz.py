@@ -134,3 +134,48 @@ def test_importer_json_with_a_field_replaced(tmp_path, capsys, kind, data, value
     if answered_or_refused(capsys, ["import", kind, str(src), *flags, "--out", str(out), "--json"]):
         assert not out.exists()
     out.unlink(missing_ok=True)
+
+
+FACT_NAMES = ["memory_bandwidth", "measured_bandwidth", "memory_latency", "multiprocessors", "peak_fp32",
+              "launch_sync_per_kernel", "local_memory_per_group", "something_new"]
+TOML_VALUE = st.one_of(st.integers(-(2 ** 70), 2 ** 70), st.floats(), st.text(max_size=6), st.booleans())
+
+
+@fuzz(300)
+@given(facts=st.dictionaries(st.sampled_from(FACT_NAMES), st.fixed_dictionaries(
+    {"value": TOML_VALUE, "unit": st.sampled_from(["B/s", "GB/s", "s", "ns", "count", "FLOP/s", "B", "furlongs"]),
+     "status": st.sampled_from(["spec", "measured", "derived", "guess"]), "source": st.just("s"),
+     "date": st.just("d")}), max_size=5))
+def test_target_files_of_any_facts(tmp_path, capsys, facts):
+    def toml(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return "nan" if v != v else ("inf" if v > 0 else "-inf") if v in (float("inf"), float("-inf")) else repr(v)
+        return json.dumps(v)
+    body = "\n".join(f"{name} = {{ " + ", ".join(f"{k} = {toml(v)}" for k, v in fact.items()) + " }"
+                     for name, fact in facts.items())
+    path = tmp_path / "t.toml"
+    path.write_text(f"[x]\n{body}\n")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(VALID)
+    if answered_or_refused(capsys, ["bound", str(model), "--target", "x", "--targets", str(path), "--json"]) == 0:
+        assert "memory_bandwidth" in facts          # accepted only with the one fact every target needs
+
+
+@fuzz(200)
+@given(candidate=st.text(max_size=12), reason=st.text(max_size=20), scope=st.lists(st.text(max_size=10), max_size=3),
+       reopen=st.one_of(st.none(), st.text(max_size=12)))
+def test_ledger_entries_of_any_text(tmp_path, capsys, candidate, reason, scope, reopen):
+    path = tmp_path / "l.db"
+    argv = ["ledger", "add", "--ledger", str(path), "--candidate", candidate, "--verdict", "refute",
+            "--reason", reason, *[a for s in scope for a in ("--scope", s)]] + (["--reopen", reopen] if reopen else [])
+    try:
+        code = answered_or_refused(capsys, argv)
+    except SystemExit as e:   # argparse's own refusals (a value that looks like a flag) exit 2 with one line
+        assert e.code == 2
+        capsys.readouterr()
+        return
+    if code:
+        assert not path.exists() or main(["ledger", "verify", "--ledger", str(path)]) == 0
+    capsys.readouterr()
