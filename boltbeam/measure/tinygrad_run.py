@@ -44,7 +44,7 @@ NORM_ROLES = {r for r, (kind, _) in ROLES.items() if kind == "vector"}
 
 @dataclass
 class Launch:
-    """One kernel launch: its facts, and (once the token has synchronized) its time."""
+    """One kernel launch as tinygrad described it: its facts, never its time."""
     name: str
     op: str                      # "kernel" or "copy"
     global_size: list[int] | None
@@ -507,6 +507,7 @@ class _Run:
         return walls, timed, []
 
     def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
+        from importlib.metadata import version
         net, census, beam = self.net, self.census, self.beam
         kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
         rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
@@ -540,5 +541,7 @@ class _Run:
                                    trail_us=[t.trail_us for t in timed] if marked else None),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                        "timing": TIMINGS[self.rec.timing], "notes": notes,
+                        "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"
+                                                              if self.rec.timing == "cupti" else ""),
+                        "notes": notes,
                         "inputs": [{"path": str(self.path), "sha256": None}]})
