@@ -19,7 +19,8 @@ def fuzz(examples: int) -> settings:
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 F32, Q8_0 = 0, 8
-VALID = gguf_bytes.gguf([(b"token_embd.weight", [64, 4], F32, 0), (b"output_norm.weight", [64], F32, 1024)],
+VALID = gguf_bytes.gguf([(b"token_embd.weight", [64, 4], F32, 0), (b"output_norm.weight", [64], F32, 1024),
+                         (b"blk.0.attn_norm.weight", [64], F32, 2048)],
                         gguf_bytes.arch_kv() + [(b"llama.block_count", gguf_bytes.UINT32, struct.pack("<I", 1))])
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 
+from boltbeam.errors import BadInput
 from boltbeam.read.gguf_file import open_gguf, scalar
 from boltbeam.read.roles import arch_of, classify, read_kind
 
@@ -168,6 +169,13 @@ def _facts(reader, arch: str, tensors: list[TensorEntry]) -> ModelFacts:
         expert_used=int(_key(reader, arch, L.EXPERT_USED_COUNT) or 0))
 
 
+def _check_blocks(path: str | os.PathLike, declared: int | None, seen: set[int]) -> None:
+    """The metadata's block count and the blocks the tensor table holds must be the same blocks."""
+    if declared is not None and seen != set(range(declared)):
+        held = f"blocks {min(seen)} to {max(seen)} ({len(seen)} of them)" if seen else "no block's tensors"
+        raise BadInput(f"model {path}: the metadata says {declared} block(s); the tensor table holds {held}")
+
+
 def take_census(path: str | os.PathLike) -> Census:
     reader = open_gguf(path)
     arch = scalar(reader, "general.architecture") or "unknown"
@@ -191,6 +199,8 @@ def take_census(path: str | os.PathLike) -> Census:
                                    bytes=int(rt.n_bytes), bytes_per_token=0, block=block,
                                    data_offset=int(rt.data_offset)))
     facts = _facts(reader, arch, tensors)
+    if not unclassified:   # an unplaced tensor may be any block's: the model is adapter-incomplete anyway
+        _check_blocks(path, facts.blocks, {t.block for t in tensors if t.block is not None})
 
     for t in tensors:
         kind = read_kind(t.role)
