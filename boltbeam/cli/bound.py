@@ -63,8 +63,14 @@ def run_measure_target(args) -> int:
     if args.launch:
         from dataclasses import asdict
 
-        from boltbeam.measure.launch_cost import measure_launch_cost
-        m["launch"] = asdict(measure_launch_cost(m["device"]))
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        from boltbeam.measure.launch_cost import DEPTHS, measure_launch_cost
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:   # stdout is the TOML
+            task = bar.add_task("decoding calibration models", total=len(DEPTHS))
+            m["launch"] = asdict(measure_launch_cost(m["device"], progress=lambda n: bar.advance(task, n)))
     if args.out:
         write_json(args.out, m)
     if args.json:

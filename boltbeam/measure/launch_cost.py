@@ -39,8 +39,6 @@ def width_for(device: str) -> int:
     return 4096 if device.startswith("CUDA") else 256
 
 
-
-
 @dataclass
 class LaunchSample:
     blocks: int
