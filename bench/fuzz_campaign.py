@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from boltbeam.cli import main  # noqa: E402
 
+LIMIT_BYTES = 4 << 30   # address space for the campaign process
+
 
 def run_case(argv: list[str]) -> tuple[str, float]:
     """(outcome class, seconds): 'exit N' with the message's first words, or the exception's type."""
@@ -190,6 +192,9 @@ def main_() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    # A case that tries to allocate gigabytes becomes a recorded MemoryError, not a process the
+    # kernel kills (the first campaign died that way: a block count of 2^31 made a 2^31-element set).
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="boltbeam-fuzz-") as tmp:
         result = {"gguf": campaign_gguf, "inputs": campaign_inputs, "ledger": campaign_ledger}[args.campaign](args, Path(tmp))
@@ -197,7 +202,7 @@ def main_() -> None:
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
               "versions": {p: version(p) for p in ("boltbeam", "gguf", "numpy")},
-              "wall_s": time.perf_counter() - t0,
+              "wall_s": time.perf_counter() - t0, "address_space_limit_bytes": LIMIT_BYTES,
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **result}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k != "outcomes"}, indent=1))

@@ -157,12 +157,16 @@ F32 = 0   # GGML type: 4 bytes an element
      "a string of 3,221,225,472 bytes"),
     (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0)],
                      [gguf_bytes.string_kv(b"general.architecture", b"\xff\xfe")]), "not UTF-8"),
-    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0)],
-                     gguf_bytes.arch_kv() + [(b"llama.block_count", gguf_bytes.UINT32, struct.pack("<I", 7))]),
-     "the metadata says 7 block(s); the tensor table holds no block's tensors"),
-    (gguf_bytes.gguf([(b"blk.3.attn_norm.weight", [64], F32, 0)],
+    (gguf_bytes.gguf([(b"output_norm.weight", [64], F32, 0), (b"token_embd.weight", [64, 4], F32, 256)],
+                     gguf_bytes.arch_kv() + [(b"llama.block_count", gguf_bytes.UINT32, struct.pack("<I", 1))]),
+     "the metadata says 1 block(s); the tensor table holds no block's tensors"),
+    (gguf_bytes.gguf([(b"blk.0.attn_norm.weight", [64], F32, 0), (b"blk.3.attn_norm.weight", [64], F32, 256),
+                      (b"output_norm.weight", [64], F32, 512)],
                      gguf_bytes.arch_kv() + [(b"llama.block_count", gguf_bytes.UINT32, struct.pack("<I", 2))]),
-     "holds blocks 3 to 3"),
+     "holds blocks 0 to 3 (2 of them)"),
+    (gguf_bytes.gguf([(b"blk.0.attn_norm.weight", [64], F32, 0)],                   # checked before any list of
+                     gguf_bytes.arch_kv() + [(b"llama.block_count", gguf_bytes.UINT32, struct.pack("<I", 2 ** 31))]),
+     "says 2147483648 blocks for 1 tensors"),                                        # blocks is made from it
 ])
 @pytest.mark.parametrize("command", [["inspect"], ["bound", "--target", "h200"]])
 def test_corrupt_headers_are_one_line(tmp_path, capsys, blob, says, command):

@@ -134,7 +134,7 @@ def _key(reader, arch: str, key_template: str) -> Any:
     return scalar(reader, key_template.format(arch=arch))
 
 
-def _facts(reader, arch: str, tensors: list[TensorEntry]) -> ModelFacts:
+def _facts(path: str | os.PathLike, reader, arch: str, tensors: list[TensorEntry]) -> ModelFacts:
     L, A = Keys.LLM, Keys.Attention
     by_role = {}
     for t in tensors:
@@ -151,6 +151,8 @@ def _facts(reader, arch: str, tensors: list[TensorEntry]) -> ModelFacts:
     vocab_table = by_role.get("output") or by_role.get("token_embd")
     vocab = _key(reader, arch, L.VOCAB_SIZE) or (vocab_table.rows if vocab_table else 0)
     blocks = _key(reader, arch, L.BLOCK_COUNT) or (1 + max((t.block for t in tensors if t.block is not None), default=-1))
+    if not isinstance(blocks, int) or not 0 <= blocks <= len(tensors):   # a block holds one tensor at least
+        raise BadInput(f"model {path}: the metadata says {blocks!r} blocks for {len(tensors)} tensors")
     window = _key(reader, arch, A.SLIDING_WINDOW)
     swa_blocks: list[int] = []
     if window:
@@ -171,7 +173,7 @@ def _facts(reader, arch: str, tensors: list[TensorEntry]) -> ModelFacts:
 
 def _check_blocks(path: str | os.PathLike, declared: int | None, seen: set[int]) -> None:
     """The metadata's block count and the blocks the tensor table holds must be the same blocks."""
-    if declared is not None and seen != set(range(declared)):
+    if declared is not None and (len(seen) != declared or (seen and (min(seen), max(seen)) != (0, declared - 1))):
         held = f"blocks {min(seen)} to {max(seen)} ({len(seen)} of them)" if seen else "no block's tensors"
         raise BadInput(f"model {path}: the metadata says {declared} block(s); the tensor table holds {held}")
 
@@ -198,7 +200,7 @@ def take_census(path: str | os.PathLike) -> Census:
         tensors.append(TensorEntry(name=rt.name, role=role, format=fmt.name, shape=[int(d) for d in rt.shape],
                                    bytes=int(rt.n_bytes), bytes_per_token=0, block=block,
                                    data_offset=int(rt.data_offset)))
-    facts = _facts(reader, arch, tensors)
+    facts = _facts(path, reader, arch, tensors)
     if not unclassified:   # an unplaced tensor may be any block's: the model is adapter-incomplete anyway
         _check_blocks(path, facts.blocks, {t.block for t in tensors if t.block is not None})
 
