@@ -118,10 +118,12 @@ def test_special_files_are_never_replaced(tmp_path, capsys):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     targets = [fifo]
-    if os.geteuid() == 0:   # a character device like /dev/full, made here, never one under /dev
-        node = tmp_path / "full"
+    node = tmp_path / "full"   # a character device like /dev/full, made here, never one under /dev
+    try:
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
         targets.append(node)
+    except PermissionError:     # not root, or a sandbox without device nodes: the pipe and the link remain
+        pass
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "elsewhere.json")
     for out in [*targets, link]:
