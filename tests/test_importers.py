@@ -347,3 +347,13 @@ def test_export_refuses_a_file_that_is_not_a_trace(tmp_path, capsys):
     out = tmp_path / "chrome.json"
     code, _, err = run(capsys, "export-trace", KINETO, "--chrome", out)
     assert code == 2 and err.count("\n") == 1 and "not a BoltBeam trace" in err and not out.exists()
+
+
+def test_nsys_header_cell_with_a_newline_is_one_line(tmp_path, capsys):
+    """A quoted header cell may hold a newline (found by the fuzz campaign: it crashed the header parser)."""
+    csv_path = tmp_path / "gpu.csv"
+    csv_path.write_text('"Start\n(ns)",Duration (ns),Name\n1000,500,k\n')
+    out = tmp_path / "t.json"
+    code = main(["import", "nsys", str(csv_path), "--tokens", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code in (0, 2) and "Traceback" not in err and (code == 0) == out.exists()

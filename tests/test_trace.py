@@ -44,6 +44,7 @@ BAD = [
     (top(["workload", "context"], "x"), "workload 'context'"),
     (top(["environment", "model_sha256"], 12345), "'model_sha256'"),
     (top(["memory", "peak_bytes"], "lots"), "memory 'peak_bytes'"),
+    (top(["memory", "capacity_bytes"], 0), "memory 'capacity_bytes' must be a byte count > 0"),   # judge divided by it
     (top(["token_wall_us"], [0.0, 5.0]), "'token_wall_us'"),
     (top(["kernels"], {"a": 1}), "'kernels' must be a list"),
     (top(["route", "label"], 3), "route 'label'"),

@@ -212,10 +212,10 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
     memory = d.get("memory") or {"peak_bytes": None, "capacity_bytes": None}
     if not isinstance(memory, dict):
         raise BadInput(f"{where}: 'memory' must be an object")
-    for key in ("peak_bytes", "capacity_bytes"):
+    for key, least in (("peak_bytes", 0), ("capacity_bytes", 1)):   # a device with no memory is no device
         v = memory.get(key)
-        if v is not None and not (_is_int(v) and v >= 0):
-            raise BadInput(f"{where}: memory '{key}' must be a byte count or null, not {v!r}")
+        if v is not None and not (_is_int(v) and v >= least):
+            raise BadInput(f"{where}: memory '{key}' must be a byte count{' > 0' if least else ''} or null, not {v!r}")
     kernels = d.get("kernels") or []
     if not isinstance(kernels, list):
         raise BadInput(f"{where}: 'kernels' must be a list")

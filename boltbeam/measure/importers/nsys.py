@@ -14,7 +14,7 @@ from boltbeam.measure.trace import Kernel, Trace
 # nsys 2021 wrote "Start(sec)" and "Duration(nsec)"; later versions "Start (ns)", per --timeunit.
 US_PER_UNIT = {"ns": 1e-3, "nsec": 1e-3, "us": 1.0, "usec": 1.0, "µs": 1.0, "ms": 1e3, "msec": 1e3,
                "s": 1e6, "sec": 1e6}
-HEADER_CELL = re.compile(r"^\s*(?P<name>.*?)\s*(?:\((?P<unit>[^)]*)\))?\s*$")
+HEADER_CELL = re.compile(r"^\s*(?P<name>.*?)\s*(?:\((?P<unit>[^)]*)\))?\s*$", re.DOTALL)   # a quoted cell may hold newlines
 COLUMN_NAMES = {"start": ("start",), "duration": ("duration",), "name": ("name", "kernel name"),
                 "device": ("device",)}
 GRID, BLOCK = ("grdx", "grdy", "grdz"), ("blkx", "blky", "blkz")
