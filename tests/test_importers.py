@@ -352,7 +352,7 @@ def test_export_refuses_a_file_that_is_not_a_trace(tmp_path, capsys):
 def test_nsys_header_cell_with_a_newline_is_one_line(tmp_path, capsys):
     """A quoted header cell may hold a newline (found by the fuzz campaign: it crashed the header parser)."""
     csv_path = tmp_path / "gpu.csv"
-    csv_path.write_text('"Start\n(ns)",Duration (ns),Name\n1000,500,k\n')
+    csv_path.write_text('"Sta\nrt (ns)",Duration (ns),Name\n1000,500,k\n')
     out = tmp_path / "t.json"
     code = main(["import", "nsys", str(csv_path), "--tokens", "1", "--out", str(out)])
     err = capsys.readouterr().err
