@@ -33,6 +33,22 @@ def answered_or_refused(capsys, argv: list[str]) -> int:
     return code
 
 
+def writes_all_or_nothing(capsys, argv: list[str], out) -> None:
+    """A command that writes `out` leaves it whole on success and absent on refusal."""
+    if answered_or_refused(capsys, argv):
+        assert not out.exists()
+    out.unlink(missing_ok=True)
+
+
+def replaced(doc, where: tuple, value):
+    """The document with the value at path `where` replaced."""
+    node = doc
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    return doc
+
+
 def test_the_valid_file_reads(tmp_path, capsys):
     path = tmp_path / "m.gguf"
     path.write_bytes(VALID)
@@ -84,19 +100,12 @@ TRACE_PATHS = [p for p in paths(good()) if p]
 @fuzz(400)
 @given(where=st.sampled_from(TRACE_PATHS), value=JSON)
 def test_traces_with_a_field_replaced(tmp_path, capsys, where, value):
-    doc = good()
-    node = doc
-    for k in where[:-1]:
-        node = node[k]
-    node[where[-1]] = value
     path, out = tmp_path / "t.json", tmp_path / "chrome.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(replaced(good(), where, value)))
     for argv in (["compare", str(path), str(path), "--json"], ["judge", "--baseline", str(path), "--candidate",
                                                                 str(path), "--json"]):
         answered_or_refused(capsys, argv)
-    if answered_or_refused(capsys, ["export-trace", str(path), "--chrome", str(out), "--json"]):
-        assert not out.exists()
-    out.unlink(missing_ok=True)
+    writes_all_or_nothing(capsys, ["export-trace", str(path), "--chrome", str(out), "--json"], out)
 
 
 @fuzz(300)
@@ -107,9 +116,7 @@ def test_nsys_csv_of_anything(tmp_path, capsys, lines, header):
     head = ["Start (ns),Duration (ns),Name"] if header else []
     csv.write_text("\n".join(head + lines) + "\n")
     out = tmp_path / "t.json"
-    if answered_or_refused(capsys, ["import", "nsys", str(csv), "--tokens", "1", "--out", str(out), "--json"]):
-        assert not out.exists()
-    out.unlink(missing_ok=True)
+    writes_all_or_nothing(capsys, ["import", "nsys", str(csv), "--tokens", "1", "--out", str(out), "--json"], out)
 
 
 def fixture_doc(name: str):
@@ -126,15 +133,9 @@ def test_importer_json_with_a_field_replaced(tmp_path, capsys, kind, data, value
     name, flags = IMPORTS[kind]
     doc = fixture_doc(name)
     where = data.draw(st.sampled_from([p for p in paths(doc) if p][:400]))
-    node = doc
-    for k in where[:-1]:
-        node = node[k]
-    node[where[-1]] = value
     src, out = tmp_path / "in.json", tmp_path / "t.json"
-    src.write_text(json.dumps(doc))
-    if answered_or_refused(capsys, ["import", kind, str(src), *flags, "--out", str(out), "--json"]):
-        assert not out.exists()
-    out.unlink(missing_ok=True)
+    src.write_text(json.dumps(replaced(doc, where, value)))
+    writes_all_or_nothing(capsys, ["import", kind, str(src), *flags, "--out", str(out), "--json"], out)
 
 
 FACT_NAMES = ["memory_bandwidth", "measured_bandwidth", "memory_latency", "multiprocessors", "peak_fp32",
