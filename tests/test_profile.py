@@ -156,7 +156,8 @@ def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
     assert [s.blocks for s in samples] == [1, 3] and samples[0].kernels < samples[1].kernels
     assert all(s.timing == "hcq" and len(s.plain_wall_us) == len(s.span_us) == len(s.lead_us) == 4 for s in samples)
     # the fit is tested on its own (test_launch_fit); here the facts' way into the account
-    cost = LaunchCost("CPU", 256, "hcq", per_call_us=512.0, per_kernel_us=-1.5, samples=samples)
+    cost = LaunchCost("CPU", 256, per_call_us=512.0, per_kernel_us=-1.5, samples=samples)
+    assert cost.timing == "hcq"
     toml = tmp_path / "host.toml"
     m = {"device": "CPU", "size_bytes": 1 << 20, "read_bandwidth": 1e10, "copy_bandwidth": 1e10,
          "read_samples_s": [1.0], "copy_samples_s": [1.0], "launch": dataclasses.asdict(cost)}

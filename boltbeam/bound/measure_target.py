@@ -84,7 +84,7 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
         kernels = ", ".join(str(x["kernels"]) for x in lc["samples"])
         lsrc = (f"boltbeam measure-target --launch through tinygrad {version('tinygrad')} on {lc['device']}: decodes of "
                 f"{kernels} kernels a token (synthetic models of width {lc['width']}), median plain token minus median device span "
-                f"of the timed tokens ({lc['timing']}), {len(lc['samples'][0]['plain_wall_us'])} tokens each, a line "
+                f"of the timed tokens ({lc['samples'][0]['timing']}), {len(lc['samples'][0]['plain_wall_us'])} tokens each, a line "
                 f"over the kernel counts")
         for key, us in (("launch_sync_per_call", lc["per_call_us"]), ("launch_sync_per_kernel", lc["per_kernel_us"])):
             lines.append(f'{key} = {{ value = {us * 1e-6:.4g}, unit = "s", status = "measured", '

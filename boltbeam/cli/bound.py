@@ -22,8 +22,8 @@ def register(sub) -> None:
     p.add_argument("--matmul", type=int, default=0, metavar="N", help="also time an N x N x N fp16 matrix product")
     p.add_argument("--beam", type=int, default=0, metavar="N", help="let tinygrad's BEAM search pick the kernels' opts")
     p.add_argument("--launch", action="store_true",
-                   help="also measure launch and synchronization cost (JIT replays of trivial kernels, timed as "
-                        "`profile` times kernels): the account's launch line")
+                   help="also measure launch and synchronization cost (decodes of synthetic calibration models, "
+                        "timed as `profile` times kernels): the account's launch line")
     p.add_argument("--out", help="also write the raw samples as JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_measure_target)

@@ -147,9 +147,9 @@ class Cupti:
         return records
 
 
-def hcq_times(graph) -> list[tuple[int, int] | None]:
+def hcq_times(graph) -> list[tuple[int, int]]:
     """(start_ns, end_ns) of each call of a tinygrad HCQ graph built with PROFILE=1, by its place in
-    the graph, from its last replay; None for a call it did not time."""
+    the graph, from its last replay."""
     if not getattr(graph, "prof_graph_entries", None):
         raise Refused("adapter-incomplete: a command-queue graph ran without timestamps (built without PROFILE=1)")
     stamps = [int(s.timestamp * 1000) for s in graph.prof_signals]     # tinygrad's µs -> ns

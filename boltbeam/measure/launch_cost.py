@@ -59,10 +59,13 @@ class LaunchSample:
 class LaunchCost:
     device: str
     width: int
-    timing: str
     per_call_us: float         # beyond the device span, per decode step
     per_kernel_us: float       # and per kernel it launches, net of the timing's own cost per kernel
     samples: list[LaunchSample]
+
+    @property
+    def timing(self) -> str:
+        return self.samples[0].timing
 
 
 def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16, depths: tuple[int, ...] = DEPTHS,
@@ -71,7 +74,7 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
     width = width or width_for(device)
     samples = calibration_samples(device, width, tokens, depths, progress)
     per_call, per_kernel = fit(samples)
-    return LaunchCost(device, width, samples[0].timing, per_call_us=per_call, per_kernel_us=per_kernel, samples=samples)
+    return LaunchCost(device, width, per_call_us=per_call, per_kernel_us=per_kernel, samples=samples)
 
 
 def fit(samples: list[LaunchSample]) -> tuple[float, float]:

@@ -171,9 +171,9 @@ def _facts(path: str | os.PathLike, reader, arch: str, tensors: list[TensorEntry
         expert_used=int(_key(reader, arch, L.EXPERT_USED_COUNT) or 0))
 
 
-def _check_blocks(path: str | os.PathLike, declared: int | None, seen: set[int]) -> None:
+def _check_blocks(path: str | os.PathLike, declared: int, seen: set[int]) -> None:
     """The metadata's block count and the blocks the tensor table holds must be the same blocks."""
-    if declared is not None and (len(seen) != declared or (seen and (min(seen), max(seen)) != (0, declared - 1))):
+    if len(seen) != declared or (seen and (min(seen), max(seen)) != (0, declared - 1)):
         held = f"blocks {min(seen)} to {max(seen)} ({len(seen)} of them)" if seen else "no block's tensors"
         raise BadInput(f"model {path}: the metadata says {declared} block(s); the tensor table holds {held}")
 
