@@ -46,6 +46,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         raise BadInput(f"cannot write {p}: {e.strerror or e}") from None
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes it private; the result is an ordinary file
     try:
         yield Path(tmp)
         os.replace(tmp, p)
@@ -55,6 +56,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:

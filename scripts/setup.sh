@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh machine: clang (tinygrad's CPU backend compiles with it), a virtual
-# environment in .venv with BoltBeam and what its tests need, and the embedded default model.
+# Idempotent set-up for a fresh machine: clang (tinygrad's CPU backend compiles with it) and chromium
+# (the report's browser test), a virtual environment in .venv with BoltBeam and what its tests need,
+# and the embedded default model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v clang >/dev/null; then
+missing=""
+command -v clang >/dev/null || missing="$missing clang"
+command -v chromium >/dev/null || missing="$missing chromium"
+if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq clang >/dev/null
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

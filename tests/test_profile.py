@@ -5,6 +5,7 @@ tinygrad first compiles its executors."""
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -181,3 +182,21 @@ def test_launch_fit():
     assert fit([sample(40, 380.0), sample(800, 0.0)]) == pytest.approx((400.0, -0.5))   # timing costs more a kernel
     with pytest.raises(BadInput, match="too noisy"):
         fit([sample(40, -10.0), sample(800, 500.0)])
+
+
+def test_audit_end_to_end_on_cpu(tiny_model, tmp_path):
+    """The README's main command on the tiny model: profile, account and page in one process."""
+    out = tmp_path / "audit"
+    cmd = [sys.executable, "-m", "boltbeam", "audit", tiny_model, "--device", "CPU", "--context", "4", "--tokens", "2",
+           "--target", "host-like", "--targets", _host_like(), "--price-per-hour", "1", "--out", str(out), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert sorted(p.name for p in out.iterdir()) == ["account.json", "audit.json", "report.html", "trace.json"]
+    t = tracefile.load(out / "trace.json")
+    doc = json.loads((out / "audit.json").read_text())
+    assert doc["wall_us"] == summary["wall_us"] == statistics.median(t.token_wall_us)
+    assert doc["account"]["closed"] == (summary["account"] == "closed") and doc["context"] == 4
+    assert doc["returns"]["measured"]["usd_per_mtok"] == pytest.approx(1e6 / (3600 * summary["tok_s"]))
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 3 and f"{summary['wall_us']:,.2f}" in html   # roofline, tie-out, timeline

@@ -9,7 +9,7 @@ from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 
 # Sub-command modules, in pipeline order; each has register(subparsers).
-MODULES = ["read", "bound", "measure", "account", "judge", "ledger"]
+MODULES = ["read", "bound", "measure", "account", "judge", "ledger", "audit"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip checking the trace's model_sha256 against the model file")
     p.add_argument("--load-bytes", type=int, default=16, metavar="B",
                    help="bytes one thread has in flight per request, for Little's law (default 16: a wide load)")
+    p.add_argument("--price-per-hour", type=float, metavar="USD",
+                   help="the device's price per hour for the what-ifs (default: the target's price_per_hour fact)")
     p.add_argument("--json", action="store_true", help="print the account as JSON")
     p.set_defaults(func=run_account)
 
@@ -55,7 +57,7 @@ def _bound_for(model: str, args: argparse.Namespace, trace: Trace):
     return bound(take_census(model), target, context=context, batch=1), target
 
 
-def _check_model(trace: Trace, model: str) -> None:
+def check_model(trace: Trace, model: str) -> None:
     """Refuse when the trace says it ran a different file (both hashes known)."""
     from boltbeam.files import sha256_file
     expected = trace.environment.get("model_sha256")
@@ -64,7 +66,7 @@ def _check_model(trace: Trace, model: str) -> None:
                       f"{model} hashes to {actual[:16]}… (--no-hash-check to account anyway)")
 
 
-def _model_of(trace: Trace) -> str:
+def model_of(trace: Trace) -> str:
     """The model file a trace ran, when --model is not given: its recorded path if that file is here,
     else the embedded default if the trace's hash says it ran that; never a guess."""
     from boltbeam.cli.read import default_model
@@ -82,38 +84,49 @@ def _model_of(trace: Trace) -> str:
 
 
 def run_account(args: argparse.Namespace) -> int:
+    from boltbeam.account.price import price_of, returns
     from boltbeam.account.tieout import account
     from boltbeam.measure import trace as tracefile
     if args.load_bytes < 1:
         raise BadInput("--load-bytes must be >= 1")
     trace = tracefile.load(args.trace)
-    model = args.model or _model_of(trace)
+    model = args.model or model_of(trace)
     b, target = _bound_for(model, args, trace)
     if not args.no_hash_check:
-        _check_model(trace, model)
+        check_model(trace, model)
     acc = account(trace, b, target, load_bytes=args.load_bytes)
+    ret = returns(acc, price_of(target, args.price_per_hour))
     if args.json:
-        print_json({"trace": args.trace, "model": model, **acc.to_dict()})
+        print_json({"trace": args.trace, "model": model, **acc.to_dict(), "returns": ret.to_dict()})
     else:
-        _print_account(acc, args.trace, model)
+        _print_account(acc, ret, args.trace, model)
     if acc.refusals:
         raise Refused("; ".join(acc.refusals))
     return 0
 
 
-def _print_account(acc, trace_path: str, model: str) -> None:
+def _rate(r, priced: bool) -> str:
+    return f"{r.tok_s:,.1f} tok/s" + (f", ${r.usd_per_mtok:,.3f}/Mtok" if priced else "")
+
+
+def _print_account(acc, ret, trace_path: str, model: str) -> None:
     c = console()
-    rows = [(line.label, f"{line.us:,.2f}", f"{line.us / acc.wall_us:.1%}", line.cause, line.detail)
-            for line in acc.lines]
+    priced = ret.price is not None
+    whatif = {w.label: _rate(w.at_floor, priced) for w in ret.whatifs}
+    rows = [(line.label, f"{line.us:,.2f}", f"{line.us / acc.wall_us:.1%}", line.cause, whatif.get(line.label, ""),
+             line.detail) for line in acc.lines]
     rows.append(("residual", f"{acc.residual_us:,.2f}", f"{acc.residual_us / acc.wall_us:.1%}",
-                 "closed" if acc.closed else "NOT CLOSED", "the wall minus every line above: computed, never a plug"))
-    rows.append(("wall", f"{acc.wall_us:,.2f}", "100.0%", "", "the plain token: the route as users run it, "
-                                                              "nothing recording"))
+                 "closed" if acc.closed else "NOT CLOSED", "", "the wall minus every line above: computed, never a plug"))
+    rows.append(("wall", f"{acc.wall_us:,.2f}", "100.0%", "", _rate(ret.measured, priced),
+                 "the plain token: the route as users run it, nothing recording"))
     c.print(table(f"Tie-out of one token of {escape(trace_path)} on {acc.target}, context {acc.context} "
                   f"({acc.method}, {acc.tokens_used} token(s)); roles biggest gap first",
-                  ["line", "µs", "of wall", "cause", "detail"], rows, right=(1, 2)))
+                  ["line", "µs", "of wall", "cause", "if at its floor", "detail"], rows, right=(1, 2)))
     c.print(f"model {escape(model)}; floor {acc.floor_us:,.2f} µs = {acc.floor_us / acc.wall_us:.1%} of the "
             f"{acc.wall_us:,.2f} µs token; kernels sum to {acc.kernel_sum_us:,.2f} µs")
+    c.print(f"measured {_rate(ret.measured, priced)}; at the ceiling {_rate(ret.ceiling, priced)}; "
+            + (f"price {ret.price.usd_per_hour:,.2f} USD/h ({escape(ret.price.source)})" if priced
+               else "no price (the target has no price_per_hour fact; --price-per-hour sets one)"))
     if acc.kernel_pass_wall_us is not None:
         checks = [f"timed tokens {acc.kernel_pass_wall_us:,.2f} µs ({acc.kernel_pass_wall_us / acc.wall_us - 1:+.2%} "
                   f"against plain: what timing the kernels cost)"]

@@ -27,7 +27,15 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     from boltbeam.cli.read import model_arg
     p = sub.add_parser("profile", help="decode through tinygrad: whole-token walls and every kernel, one trace")
     model_arg(p)
-    p.add_argument("--device", required=True, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
+    profile_flags(p, device_required=True)
+    p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_profile)
+
+
+def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
+    """The decode run's flags, shared by `profile` and `audit`."""
+    p.add_argument("--device", required=device_required, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="prompt length: KV depth before decoding")
     p.add_argument("--tokens", type=int, default=10, metavar="K", help="measured tokens per pass (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
@@ -37,16 +45,12 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                    help="how kernels are timed: in the graph replay users run (default: cupti on CUDA, "
                         "tinygrad's graph timestamps (hcq) elsewhere), or launch: one by one (CUDA; no in-graph timing)")
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
-    p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_profile)
 
 
-def _profile(args: argparse.Namespace) -> int:
+def profile_trace(args: argparse.Namespace, model: str) -> Trace:
+    """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from boltbeam.cli.read import resolve_model
-    model = resolve_model(args)
     # tinygrad reads its device from the environment when first imported.
     os.environ["DEV"] = args.device
     from boltbeam.measure.tinygrad_run import profile
@@ -54,10 +58,15 @@ def _profile(args: argparse.Namespace) -> int:
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=report.console(), transient=True) as bar:
         task = bar.add_task("loading and compiling", total=total)
-        trace = profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                        model_hash=not args.no_hash, beam=args.beam, timing=args.timing,
-                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
-    return _save_and_summarize(trace, args, f"profiled {model}")
+        return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
+                       model_hash=not args.no_hash, beam=args.beam, timing=args.timing,
+                       progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from boltbeam.cli.read import resolve_model
+    model = resolve_model(args)
+    return _save_and_summarize(profile_trace(args, model), args, f"profiled {model}")
 
 
 # --- import -------------------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""`boltbeam audit` (the pipeline in one command: census, floors, profile, account, compare, report)
+and `boltbeam report` (the page from a trace already taken)."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from boltbeam import report
+from boltbeam.errors import BadInput, Refused
+
+OUTPUTS = ("trace.json", "account.json", "audit.json", "report.html")
+MAX_REPORT_BYTES = 5_000_000   # the page must stay small enough to mail and open anywhere
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from boltbeam.cli.measure import profile_flags
+    from boltbeam.cli.read import model_arg
+    p = sub.add_parser("audit", help="the whole audit in one command: census, floors, profile, account, compare, "
+                                     "one HTML report",
+                       description="Census, floors, profile (decode through tinygrad), the tie-out of one token, "
+                                   "comparisons, and report.html, written into --out DIR: " + ", ".join(OUTPUTS)
+                                   + ". --trace reuses a trace already taken instead of profiling.")
+    model_arg(p)
+    profile_flags(p, device_required=False)
+    p.add_argument("--trace", metavar="TRACE.json", help="audit this trace instead of profiling (its model: MODEL)")
+    _page_flags(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the trace, the account, audit.json and "
+                                                               "report.html")
+    p.set_defaults(func=run_audit)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a trace's audit (no network needed to open)",
+                       description="The roofline, the tie-out waterfall, region comparisons, one token's timeline "
+                                   "and the ledger's verdicts, each chart with its numbers beside it.")
+    p.add_argument("trace", metavar="TRACE.json")
+    p.add_argument("--model", metavar="MODEL.gguf", help="the model the trace ran (default: its recorded path, "
+                                                         "or the embedded model when the hash says so)")
+    _page_flags(p)
+    p.add_argument("--out", required=True, metavar="REPORT.html", help="where to write the page")
+    p.set_defaults(func=run_report)
+
+
+def _page_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="a target name (see `boltbeam targets`)")
+    p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
+    p.add_argument("--compare", action="append", default=[], metavar="FILE",
+                   help="a second trace, or llama-bench JSON, to compare region by region (repeatable)")
+    p.add_argument("--ledger", metavar="LEDGER", help="a ledger whose verdicts the page lists")
+    p.add_argument("--price-per-hour", type=float, metavar="USD",
+                   help="the device's price per hour (default: the target's price_per_hour fact)")
+    p.add_argument("--no-hash-check", action="store_true",
+                   help="skip checking the trace's model_sha256 against the model file")
+    p.add_argument("--strict", action="store_true", help="exit 3 when the account does not close")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+class _Inputs:
+    """Everything the user handed in, read and checked before any long step runs."""
+
+    def __init__(self, args: argparse.Namespace, context: int | None):
+        from boltbeam.account.price import price_of
+        from boltbeam.bound.targets import get_target
+        from boltbeam.report.audit import load_other, read_ledger
+        self.target = get_target(args.target, args.targets)
+        self.price = price_of(self.target, args.price_per_hour)
+        self.others = [(path, load_other(path, context)) for path in args.compare]
+        self.ledger = read_ledger(args.ledger) if args.ledger else None
+
+
+def _writable_dir(path: str) -> Path:
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise BadInput(f"--out {d}: exists and is not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"--out {d}: cannot make the folder ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise BadInput(f"--out {d}: not writable")
+    return d
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    from boltbeam.bound.roofline import bound
+    from boltbeam.cli.account import check_model
+    from boltbeam.cli.measure import profile_trace
+    from boltbeam.cli.read import resolve_model
+    from boltbeam.measure import trace as tracefile
+    from boltbeam.read.census import take_census
+    if args.trace is None and args.device is None:
+        raise BadInput("audit needs --device to profile (or --trace to audit a trace already taken)")
+    model = resolve_model(args)
+    out = _writable_dir(args.out)
+    given = tracefile.load(args.trace) if args.trace else None
+    context = given.workload.get("context", args.context) if given else args.context
+    inputs = _Inputs(args, context)
+    started = time.monotonic()
+    steps = Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
+                     console=report.console(), transient=True)
+
+    def step(what: str):
+        steps.update(task, description=what)
+
+    with steps:
+        task = steps.add_task("census", total=None)
+        census = take_census(model)
+        step("floors")
+        b = bound(census, inputs.target, context=context or 0, batch=1)
+        if given is not None:
+            trace, trace_path = given, args.trace
+            if not args.no_hash_check:
+                check_model(trace, model)
+        else:
+            step("profile (decoding through tinygrad)")
+            trace, trace_path = profile_trace(args, model), str(out / "trace.json")
+        step("account, comparisons, report")
+        html_path, audit = _audit_files(trace, trace_path, model, b, inputs, out, profiled=given is None)
+    return _summarize(audit, html_path, started, args)
+
+
+def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profiled: bool):
+    """Assemble the audit and write its files, each whole or not at all; nothing is written until all
+    of them are made."""
+    from boltbeam.files import write_atomic, write_json
+    from boltbeam.measure import trace as tracefile
+    from boltbeam.report.audit import assemble
+    from boltbeam.report.page import render
+    audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger)
+    html = _checked_size(render(audit))
+    acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
+               "returns": audit.returns.to_dict() if audit.returns else None}
+    if profiled:
+        tracefile.save(trace, out / "trace.json")
+    if audit.account:
+        write_json(out / "account.json", acc_doc)
+    write_json(out / "audit.json", audit.to_dict())
+    html_path = out / "report.html"
+    write_atomic(html_path, html)
+    return html_path, audit
+
+
+def _checked_size(html: str) -> str:
+    size = len(html.encode())
+    if size > MAX_REPORT_BYTES:
+        raise Refused(f"the report would be {size:,} bytes, over its {MAX_REPORT_BYTES:,}-byte limit")
+    return html
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from boltbeam.bound.roofline import bound
+    from boltbeam.cli.account import check_model, model_of
+    from boltbeam.files import write_atomic
+    from boltbeam.measure import trace as tracefile
+    from boltbeam.read.census import take_census
+    from boltbeam.report.audit import assemble
+    from boltbeam.report.page import render
+    started = time.monotonic()
+    trace = tracefile.load(args.trace)
+    model = args.model or model_of(trace)
+    if not args.no_hash_check:
+        check_model(trace, model)
+    inputs = _Inputs(args, trace.workload.get("context"))
+    b = bound(take_census(model), inputs.target, context=trace.workload.get("context") or 0, batch=1)
+    audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger)
+    write_atomic(args.out, _checked_size(render(audit)))
+    return _summarize(audit, Path(args.out), started, args)
+
+
+def _summarize(audit, html_path: Path, started: float, args: argparse.Namespace) -> int:
+    acc, ret = audit.account, audit.returns
+    summary = {"report": str(html_path), "bytes": html_path.stat().st_size, "seconds": time.monotonic() - started,
+               "wall_us": audit.wall_us, "tok_s": 1e6 / audit.wall_us, "floor_us": audit.bound.token_floor_us,
+               "ceiling_tok_s": audit.bound.ceiling_tok_s,
+               "account": "none" if acc is None else "closed" if acc.closed else "refused",
+               "why": audit.no_account if acc is None else "; ".join(acc.refusals) or None,
+               "usd_per_mtok": ret.measured.usd_per_mtok if ret else None,
+               "usd_per_mtok_at_ceiling": ret.ceiling.usd_per_mtok if ret else None,
+               "biggest_whatif": ret.whatifs[0].label if ret and ret.whatifs else None}
+    if args.json:
+        report.print_json(summary)
+    else:
+        rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if v is not None]
+        report.console().print(report.table(f"audit of {escape(audit.trace_path)}", ["field", "value"], rows))
+    if args.strict and acc is not None and acc.refusals:
+        raise Refused("; ".join(acc.refusals))
+    return 0

@@ -1,0 +1,103 @@
+"""The whole audit of one route as one record: what the page draws and what `audit.json` holds.
+
+Built from the steps' own outputs (the census, the bound, the trace, the account, the comparisons,
+the ledger); nothing here measures or estimates anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from boltbeam import __version__
+from boltbeam.account.compare import Comparison, compare
+from boltbeam.account.price import Price, Returns, returns
+from boltbeam.account.tieout import Account, account
+from boltbeam.bound.roofline import Bound
+from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput, Refused
+from boltbeam.files import load_json
+from boltbeam.ledger.store import Entry, Ledger
+from boltbeam.measure import trace as tracefile
+from boltbeam.measure.importers import import_llama_bench
+from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.report.chrome import kernel_offsets_us
+
+
+@dataclass
+class Compared:
+    path: str
+    comparison: Comparison
+
+
+@dataclass
+class Audit:
+    model: str
+    trace_path: str
+    trace: Trace
+    target: Target
+    bound: Bound
+    account: Account | None
+    no_account: str | None        # why there is no account (a whole-token trace), else None
+    returns: Returns | None
+    compared: list[Compared] = field(default_factory=list)
+    ledger_path: str | None = None
+    ledger: list[Entry] = field(default_factory=list)
+
+    @property
+    def wall_us(self) -> float:
+        return median(self.trace.token_wall_us)
+
+    def token_kernels(self) -> tuple[int, list[Kernel], list[float]] | None:
+        """The token drawn on the timeline: the one whose kernel sum is the median; its kernels and
+        their offsets from the token's start (device starts, or laid end to end without them)."""
+        groups = self.trace.by_token()
+        if not groups:
+            return None
+        ranked = sorted(groups, key=lambda t: sum(k.duration_us for k in groups[t]))
+        token = ranked[len(ranked) // 2]
+        return token, groups[token], kernel_offsets_us(groups[token])
+
+    def to_dict(self) -> dict[str, Any]:
+        acc = self.account
+        return {"boltbeam": __version__, "model": self.model, "trace": self.trace_path,
+                "target": self.target.name, "context": self.bound.context,
+                "device": self.trace.environment.get("device"), "route": self.trace.route,
+                "wall_us": self.wall_us, "floor_us": self.bound.token_floor_us,
+                "ceiling_tok_s": self.bound.ceiling_tok_s,
+                "account": acc.to_dict() if acc else None, "no_account": self.no_account,
+                "returns": self.returns.to_dict() if self.returns else None,
+                "compared": [{"path": c.path, **c.comparison.to_dict()} for c in self.compared],
+                "ledger": self.ledger_path, "ledger_entries": len(self.ledger)}
+
+
+def load_other(path: str, context: int | None) -> Trace:
+    """A second side to compare: a BoltBeam trace, or llama-bench JSON (its decode test at `context`)."""
+    doc = load_json(path, "trace to compare")
+    if isinstance(doc, list):
+        return import_llama_bench(path, depth=context)
+    return tracefile.from_dict(doc, where=f"trace {path}")
+
+
+def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: Bound, price: Price | None,
+             others: list[tuple[str, Trace]] = (), ledger: tuple[str, list[Entry]] | None = None,
+             load_bytes: int = 16) -> Audit:
+    """The audit of `trace` against its bound; comparisons with each of `others` (path, trace) and the
+    ledger's (path, entries), both read with load_other and read_ledger before any long step."""
+    if not trace.token_wall_us:
+        raise BadInput(f"trace {trace_path}: no plain token walls: nothing to audit")
+    acc, why = None, None
+    try:
+        acc = account(trace, bound, target, load_bytes=load_bytes)
+    except Refused as e:   # whole-token figures only: the page still draws the rest
+        why = str(e)
+    compared = [Compared(path, compare(trace, other, bound)) for path, other in others]
+    ledger_path, entries = ledger or (None, [])
+    return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
+                 compared, ledger_path, entries)
+
+
+def read_ledger(path: str) -> tuple[str, list[Entry]]:
+    """A ledger's entries, read only (a missing ledger is bad input, never created here)."""
+    with Ledger(path, create=False) as ledger:
+        return path, ledger.entries()

@@ -1,0 +1,158 @@
+"""The audit's charts as static SVG from matplotlib: no script, nothing fetched, text kept as text.
+
+Each function takes the step's own records and returns (svg, rows): the picture and the numbers it
+draws, so the page can print them beside it as a table.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from boltbeam.account.compare import REGIONS, Comparison, region_of
+from boltbeam.account.tieout import Account
+from boltbeam.bound.roofline import Bound
+from boltbeam.bound.targets import Target
+from boltbeam.measure.trace import Kernel
+
+matplotlib.rcParams.update({"svg.fonttype": "none",       # text stays text: smaller, searchable
+                            "svg.hashsalt": "boltbeam",   # stable element ids: the same audit, the same file
+                            "font.size": 9})
+PALETTE = matplotlib.colormaps["tab10"].colors
+REGION_COLOR = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(REGIONS)}
+KIND_COLOR = {"floor": "#4c72b0", "role": "#dd8452", "boundary": "#c44e52", "gap": "#8172b3",
+              "overlap": "#55a868", "launch": "#937860", "residual": "#8c8c8c", "wall": "#222222"}
+Rows = list[dict[str, Any]]
+
+
+def _svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]   # drop the XML prolog and doctype: the SVG is inlined in HTML
+
+
+def roofline(bound: Bound, acc: Account | None, target: Target) -> tuple[str, Rows]:
+    """Each weight role and the KV cache at its operational intensity: achieved operations per second
+    (its floor's operations over its measured time) under the memory and compute ceilings."""
+    measured = {line.role or line.label: line.measured_us for line in acc.lines} if acc else {}
+    if acc:   # the KV cache is measured by the attention line
+        measured["kv_cache"] = next((line.measured_us for line in acc.lines if line.label == "attention"), None)
+    rows: Rows = []
+    fig = Figure(figsize=(7.5, 4.6))
+    ax = fig.subplots()
+    for line in bound.roles:
+        if not line.flops or not line.bytes:
+            continue
+        us = measured.get(line.role)
+        rows.append({"role": line.role, "bytes": line.bytes, "operations": line.flops,
+                     "intensity_ops_per_byte": line.intensity, "floor_us": line.floor_us, "measured_us": us,
+                     "achieved_ops_per_s": line.flops / us * 1e6 if us else None,
+                     "achieved_bytes_per_s": line.bytes / us * 1e6 if us else None,
+                     "of_bandwidth": line.bytes / us * 1e6 / bound.bandwidth_bytes_per_s if us else None})
+    if not rows:
+        ax.text(0.5, 0.5, "no role with both bytes and operations", ha="center", transform=ax.transAxes)
+        return _svg(fig), rows
+    xs = [r["intensity_ops_per_byte"] for r in rows]
+    lo, hi = min(xs) / 4, max(xs) * 8
+    ceilings = {u: target.fact(u) for u in {line.unit for line in bound.roles if line.flops}}
+    top = max([v for v in ceilings.values() if v] or [bound.bandwidth_bytes_per_s * hi])
+    knee_x = [lo, hi]
+    ax.plot(knee_x, [min(bound.bandwidth_bytes_per_s * x, top) for x in knee_x], color="#333333", lw=1.2,
+            label=f"memory: {bound.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({bound.bandwidth_fact})")
+    for unit, peak in sorted(ceilings.items()):
+        if peak:
+            ax.axhline(peak, color="#999999", ls="--", lw=1, label=f"compute: {unit} {peak / 1e12:,.1f} TFLOP/s")
+    for i, r in enumerate(rows):
+        color = PALETTE[i % len(PALETTE)]
+        floor_rate = r["operations"] / r["floor_us"] * 1e6
+        ax.scatter([r["intensity_ops_per_byte"]], [floor_rate], facecolors="none", edgecolors=[color], s=60)
+        if r["achieved_ops_per_s"]:
+            ax.scatter([r["intensity_ops_per_byte"]], [r["achieved_ops_per_s"]], color=[color], s=36,
+                       label=r["role"])
+            ax.plot([r["intensity_ops_per_byte"]] * 2, [r["achieved_ops_per_s"], floor_rate], color=color,
+                    lw=0.8, alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("operational intensity (operations per byte)")
+    ax.set_ylabel("operations per second")
+    ax.set_title("Roofline: filled = measured, hollow = at its floor")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _svg(fig), rows
+
+
+def waterfall(acc: Account) -> tuple[str, Rows]:
+    """The tie-out: each line stacked on the ones before it, the residual, then the wall from zero."""
+    steps = [(line.label, line.kind, line.us, line.cause) for line in acc.lines]
+    steps.append(("residual", "residual", acc.residual_us, "closed" if acc.closed else "NOT CLOSED"))
+    rows: Rows = []
+    start = 0.0
+    for label, kind, us, cause in steps:
+        rows.append({"line": label, "kind": kind, "us": us, "of_wall": us / acc.wall_us, "cause": cause,
+                     "from_us": start, "to_us": start + us})
+        start += us
+    rows.append({"line": "wall", "kind": "wall", "us": acc.wall_us, "of_wall": 1.0, "cause": "",
+                 "from_us": 0.0, "to_us": acc.wall_us})
+    fig = Figure(figsize=(7.5, 0.28 * len(rows) + 1.0))
+    ax = fig.subplots()
+    y = range(len(rows))
+    ax.barh(list(y), [r["to_us"] - r["from_us"] for r in rows], left=[r["from_us"] for r in rows],
+            color=[KIND_COLOR[r["kind"]] for r in rows], height=0.7)
+    ax.set_yticks(list(y), [r["line"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per token (lines add up left to right; the last bar is the measured wall)")
+    ax.set_title("Tie-out of one token")
+    kinds = dict.fromkeys(r["kind"] for r in rows)
+    ax.legend(handles=[Patch(color=KIND_COLOR[k], label=k) for k in kinds], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    return _svg(fig), rows
+
+
+def regions(cmp: Comparison) -> tuple[str, Rows]:
+    """Two traces side by side per region, each with the region's floor marked; the whole token first."""
+    token_floor = sum(r.floor_us for r in cmp.regions) if cmp.floors_shown else None   # regions partition the floors
+    rows: Rows = [{"region": "whole token", "a_us": cmp.a_wall_us, "b_us": cmp.b_wall_us, "floor_us": token_floor,
+                   "winner": "tie" if cmp.a_wall_us == cmp.b_wall_us else "A" if cmp.a_wall_us < cmp.b_wall_us
+                   else "B"}]
+    rows += [{"region": r.region, "a_us": r.a_us, "b_us": r.b_us, "floor_us": r.floor_us, "winner": r.winner}
+             for r in cmp.regions if r.winner is not None]
+    fig = Figure(figsize=(7.5, 0.45 * len(rows) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    y = list(range(len(rows)))
+    ax.barh([i - 0.2 for i in y], [r["a_us"] or 0 for r in rows], height=0.4, color=PALETTE[0], label=f"A: {cmp.a_label}")
+    ax.barh([i + 0.2 for i in y], [r["b_us"] or 0 for r in rows], height=0.4, color=PALETTE[1], label=f"B: {cmp.b_label}")
+    floors = [(i, r["floor_us"]) for i, r in zip(y, rows) if r["floor_us"]]
+    if floors:
+        ax.scatter([f for _, f in floors], [i for i, _ in floors], marker="|", s=300, color="black",
+                   label="floor", zorder=3)
+    ax.set_yticks(y, [r["region"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per token")
+    ax.set_title("Region by region")
+    fig.legend(fontsize=7, loc="outside lower center")
+    return _svg(fig), rows
+
+
+def gantt(kernels: list[Kernel], offsets: list[float]) -> tuple[str, Rows]:
+    """One token's kernels on the device timeline, a row per region, colored by region."""
+    by_region: dict[str, list[tuple[float, float]]] = {}
+    for k, start in zip(kernels, offsets):
+        by_region.setdefault(region_of(k), []).append((start, k.duration_us))
+    order = [r for r in REGIONS if r in by_region]
+    t0 = min(offsets) if offsets else 0.0
+    rows: Rows = [{"region": r, "kernels": len(by_region[r]), "us": sum(d for _, d in by_region[r]),
+                   "first_start_us": min(s for s, _ in by_region[r]) - t0,
+                   "last_end_us": max(s + d for s, d in by_region[r]) - t0} for r in order]
+    fig = Figure(figsize=(7.5, 0.35 * len(order) + 1.2))
+    ax = fig.subplots()
+    for i, r in enumerate(order):
+        ax.broken_barh([(s - t0, d) for s, d in by_region[r]], (i - 0.4, 0.8), color=REGION_COLOR[r])
+    ax.set_yticks(range(len(order)), order)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs from the token's first kernel")
+    ax.set_title(f"One token's {len(kernels)} kernels")
+    return _svg(fig), rows
