@@ -9,7 +9,7 @@ from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 
 # Sub-command modules, in pipeline order; each has register(subparsers).
-MODULES = ["read", "bound", "measure", "account", "judge", "ledger", "audit"]
+MODULES = ["read", "bound", "measure", "account", "judge", "ledger", "search", "audit"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -70,7 +70,7 @@ class _Inputs:
         self.ledger = read_ledger(args.ledger) if args.ledger else None
 
 
-def _writable_dir(path: str) -> Path:
+def writable_dir(path: str) -> Path:
     d = Path(path)
     if d.exists() and not d.is_dir():
         raise BadInput(f"--out {d}: exists and is not a folder")
@@ -95,7 +95,7 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.trace is None and args.device is None:
         raise BadInput("audit needs --device to profile (or --trace to audit a trace already taken)")
     model = resolve_model(args)
-    out = _writable_dir(args.out)
+    out = writable_dir(args.out)
     given = tracefile.load(args.trace) if args.trace else None
     context = given.workload.get("context", args.context) if given else args.context
     inputs = _Inputs(args, context)

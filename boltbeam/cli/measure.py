@@ -45,6 +45,21 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    help="how kernels are timed: in the graph replay users run (default: cupti on CUDA, "
                         "tinygrad's graph timestamps (hcq) elsewhere), or launch: one by one (CUDA; no in-graph timing)")
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
+    p.add_argument("--route", metavar="ROUTE.json", help="run the kernels a search's route names with its settings "
+                                                         "(`none`, or BOLTBEAM_ROUTE=none, turns it off)")
+
+
+def _route_of(args: argparse.Namespace, model: str):
+    """(path, route) to run, checked against this model and compiler; None when off."""
+    from importlib.metadata import version
+
+    from boltbeam.files import sha256_file
+    from boltbeam.measure import route as routes
+    if routes.switched_off(args.route):
+        return None
+    r = routes.load(args.route)
+    routes.check_applies(r, None if args.no_hash else sha256_file(model), f"tinygrad {version('tinygrad')}", args.route)
+    return args.route, r
 
 
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
@@ -53,13 +68,14 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
 
     # tinygrad reads its device from the environment when first imported.
     os.environ["DEV"] = args.device
+    route = _route_of(args, model)
     from boltbeam.measure.tinygrad_run import profile
     total = 2 * (args.warmup + args.tokens)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=report.console(), transient=True) as bar:
         task = bar.add_task("loading and compiling", total=total)
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                       model_hash=not args.no_hash, beam=args.beam, timing=args.timing,
+                       model_hash=not args.no_hash, beam=args.beam, timing=args.timing, route=route,
                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
 
 

@@ -34,6 +34,8 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
                                            match_records, split_by_token)
+from boltbeam.measure.route import SWITCH, Route
+from boltbeam.measure.route import install as route_install
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
 from boltbeam.read.census import Census, TensorEntry, take_census
 from boltbeam.read.roles import ROLES
@@ -335,12 +337,14 @@ def default_timing(device: str) -> str:
 
 
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
-            beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None) -> Trace:
+            beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None,
+            route: tuple[str, Route] | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
     heuristics: its kernels never run in a measured token). `timing` is a key of trace.TIMINGS:
     "cupti" (CUDA) and "hcq" (tinygrad's command-queue graphs, e.g. CPU) time the graph replay users
-    run; "launch" (CUDA) launches the kernels one by one instead and says so."""
+    run; "launch" (CUDA) launches the kernels one by one instead and says so. `route` (path, route):
+    the kernels it names are compiled with its opts, and the trace counts how many were."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     timing = timing or default_timing(device)
@@ -365,8 +369,9 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     rec = Recorder(device, timing)
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
-    with rec.install():
+    with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied:
         run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress)
+        run.route = (route[0], route[1], applied) if route else None
         return run.trace(model_hash)
 
 
@@ -506,6 +511,24 @@ class _Run:
                 timed.append(t)
         return walls, timed, []
 
+    route: tuple[str, Route, Any] | None = None   # (path, route, the kernels it applied to) when routed
+
+    def _route(self) -> dict[str, Any]:
+        """The route label says what ran: a search's route only when every kernel it names was applied."""
+        beam = self.beam
+        env = {k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}
+        if self.route is None:
+            return {"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
+                    "switch": "boltbeam profile --beam 0" if beam else None,
+                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **env}}
+        path, route, applied = self.route
+        named = {c.kernel for c in route.choices}
+        ran = len(named & applied.kernels)
+        return {"label": "boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})",
+                "switch": f"boltbeam profile --route none (or {SWITCH}=none)",
+                "settings": {"route": path, "family": route.family, "provenance": route.provenance,
+                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **env}}
+
     def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version
         net, census, beam = self.net, self.census, self.beam
@@ -529,10 +552,7 @@ class _Run:
                       "kernel_pass_depths": list(range(first_timed, first_timed + len(timed)))
                       if self.rec.timing != "hcq" else None,
                       "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
-            route={"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
-                   "switch": "boltbeam profile --beam 0" if beam else None,
-                   "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None,
-                                **{k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}}},
+            route=self._route(),
             token_wall_us=walls, output_tokens=self.out_tokens, memory=memory,
             kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
             kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],

@@ -1,0 +1,176 @@
+"""`boltbeam search`: BubbleBeam lists, FutureSight orders, BoltBeam times the survivors, writes a route,
+and judges the whole token with and without it."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from boltbeam import report
+from boltbeam.errors import BadInput, Refused
+
+OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
+JUDGE_TOKENS = 6     # whole tokens per side for the judge (it needs at least 5)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from boltbeam.cli.read import model_arg
+    p = sub.add_parser("search", help="search kernel settings with reasons: list legal ones (BubbleBeam), order them "
+                                      "(FutureSight), time the survivors, write a route and judge the whole token",
+                       description="Writes into --out DIR: " + ", ".join(OUTPUTS) + ". Every timing and the verdict "
+                                   "go in the ledger; a setting timed before in the same scope is not timed again.")
+    model_arg(p)
+    p.add_argument("--device", required=True, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
+    p.add_argument("--target", required=True, help="the chip's declared facts (see `boltbeam targets`)")
+    p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
+    p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
+    p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search")
+    p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8)")
+    p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
+    p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
+                   help=f"whole tokens per side for the judge (default {JUDGE_TOKENS})")
+    p.add_argument("--no-judge", action="store_true", help="write the route without profiling the whole token")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _facts_needed(fam, target) -> None:
+    """A target declaring none of the facts the family's rules compare against leaves only the empty
+    setting: that is a target not described well enough to search on."""
+    facts = {r.fact for r in fam.rules}
+    if facts and not any(target.fact(f) is not None for f in facts):
+        raise BadInput(f"target {target.name} declares none of the facts family {fam.name} needs "
+                       f"({', '.join(sorted(facts))}): add them to its targets file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    from boltbeam.bound.targets import get_target
+    from boltbeam.cli.audit import writable_dir
+    from boltbeam.cli.read import resolve_model
+    from boltbeam.files import sha256_file, write_json
+    from boltbeam.ledger.store import Ledger
+    from boltbeam.measure import route as routes
+    from boltbeam.search.space import searchable
+    if args.budget < 1 or args.tokens < 5 or args.context < 0:
+        raise BadInput("need --budget >= 1, --tokens >= 5 (the judge's minimum) and --context >= 0")
+    model = resolve_model(args)
+    target = get_target(args.target, args.targets)
+    fam = searchable(args.family)
+    _facts_needed(fam, target)
+    out = writable_dir(args.out)
+    sha = sha256_file(model)
+    started = time.monotonic()
+    os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
+    from boltbeam.search.compiler import capture
+    from boltbeam.search.decide import search
+    with Ledger(args.ledger) as ledger, Progress(SpinnerColumn(), "[progress.description]{task.description}",
+                                                 TimeElapsedColumn(), console=report.console(), transient=True) as bar:
+        task = bar.add_task("capturing the decode token's kernels", total=None)
+        say = lambda what: bar.update(task, description=escape(what))
+        kernels = capture(model, args.device, args.context, say)
+        result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say)
+        routes.save(result.route, out / "route.json")
+        judgement = None
+        if not args.no_judge:
+            judgement = _judge(model, args, out, say, ledger)
+    summary = _summary(result, judgement, time.monotonic() - started, out)
+    write_json(out / "search.json", summary)
+    if args.json:
+        report.print_json(summary)
+    else:
+        _print(summary)
+    return 0
+
+
+def _profile(model: str, args: argparse.Namespace, route: str, out: Path) -> None:
+    cmd = [sys.executable, "-m", "boltbeam", "profile", model, "--device", args.device, "--context",
+           str(args.context), "--tokens", str(args.tokens), "--route", route, "--out", str(out), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise Refused(f"profiling the whole token ({'without' if route == 'none' else 'with'} the route) failed: {last}")
+
+
+def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
+    """Whole tokens without and with the route, each in a fresh process; the judge's verdict, recorded."""
+    from boltbeam.judge.judge import Checks, judge
+    from boltbeam.measure import trace as tracefile
+    say("judging: the whole token without the route")
+    _profile(model, args, "none", out / "baseline.json")
+    say("judging: the whole token with the route")
+    _profile(model, args, str(out / "route.json"), out / "candidate.json")
+    base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
+    j = judge(base, cand, Checks(expected_route="boltbeam-search", candidate_id=f"route {out / 'route.json'}"))
+    ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
+                  evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],
+                  reopen=j.reopen, actor="boltbeam search")
+    return j
+
+
+def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
+    from boltbeam.search.decide import spearman_by_kind
+    rejected: Counter = Counter()
+    for k in result.kernels:
+        rejected.update(k.space.rejected)
+    sizes = [k.space.size for k in result.kernels]
+    legal = [len(k.space.legal) for k in result.kernels]
+    return {
+        "route": str(out / "route.json"), "seconds": seconds, "seconds_timing": result.seconds_timing,
+        "kernels": len(result.kernels), "launches_per_token": sum(k.launches for k in result.kernels),
+        "space": {"settings": sum(sizes), "legal": sum(legal),
+                  "token_product_log10": sum(math.log10(s) for s in sizes if s),
+                  "legal_token_product_log10": sum(math.log10(n) for n in legal if n),
+                  "foreseen_out": sum(k.foreseen_out for k in result.kernels),
+                  "survivors": sum(k.survivors for k in result.kernels),
+                  "rejected_by_reason": dict(rejected.most_common())},
+        "timed_now": result.timed_now, "reused_from_ledger": result.reused,
+        "refused_by_compiler": sum(len(k.refused) for k in result.kernels),
+        "spearman": {kind: {"rho": rho, "points": n} for kind, (rho, n) in spearman_by_kind(result).items()},
+        "routed_kernels": len(result.route.choices),
+        "search_space_incomplete": [k.name for k in result.kernels if k.incomplete],
+        "per_kernel": [{"kernel": k.key, "name": k.name, "launches": k.launches, "legal": len(k.space.legal),
+                        "settings": k.space.size, "survivors": k.survivors, "timed": len(k.timed),
+                        "default_us": k.default.measured_us, "best_us": k.best_us, "floor_us": k.floor_us,
+                        "choice": k.choice.setting if k.choice else None} for k in result.kernels],
+        "judgement": judgement.to_dict() if judgement else None,
+    }
+
+
+def _print(s: dict[str, Any]) -> None:
+    c = report.console()
+    rows = [(k["name"], k["launches"], f"{k['legal']}/{k['settings']}", k["survivors"], k["timed"],
+             f"{k['default_us']:,.2f}", f"{k['best_us']:,.2f}", f"{k['floor_us']:,.3f}",
+             "" if k["choice"] is None else ", ".join(f"{p}={v}" for p, v in k["choice"].items() if v != 1) or "no opts")
+            for k in s["per_kernel"]]
+    c.print(report.table("Kernels of one decode token: legal of all settings, FutureSight's survivors, timed, "
+                         "best alone (µs)", ["kernel", "launches", "legal", "survivors", "timed", "default µs",
+                                             "best µs", "floor µs", "route"], rows, right=(1, 2, 3, 4, 5, 6, 7)))
+    sp = s["space"]
+    c.print(f"space: {sp['settings']:,} settings, {sp['legal']:,} legal (token product 10^{sp['token_product_log10']:.1f}"
+            f" -> 10^{sp['legal_token_product_log10']:.1f}); FutureSight set aside {sp['foreseen_out']:,}; "
+            f"timed {s['timed_now']:,} now, {s['reused_from_ledger']:,} from the ledger, "
+            f"{s['seconds_timing']:,.1f} s on the device")
+    for reason, n in sp["rejected_by_reason"].items():
+        c.print(f"  rejected {n:,}: {escape(reason)}")
+    for kind, v in s["spearman"].items():
+        rho = "undefined" if v["rho"] is None else f"{v['rho']:.2f}"
+        c.print(f"FutureSight against the measurements, {kind} kernels: Spearman {rho} over {v['points']} settings")
+    c.print(f"route: {escape(s['route'])}, {s['routed_kernels']} kernel(s) routed")
+    if s["search_space_incomplete"]:
+        c.print(f"search-space-incomplete: {len(s['search_space_incomplete'])} kernel(s) stay over 5x their floor "
+                f"with every survivor timed")
+    if (j := s["judgement"]) is not None:
+        c.print(f"whole token: {j['verdict']}")
+        for r in j["reasons"]:
+            c.print(f"  {escape(r)}")

@@ -1,0 +1,184 @@
+"""The search's hands in tinygrad: the decode token's distinct kernels, a setting turned into tinygrad's
+own opts, compiled, and timed alone on the device (the whole token is judged by `profile` instead).
+
+Kernels are captured while tinygrad compiles the decode JIT: the AST each program was built from, and
+the axes tinygrad's scheduler sees when it applies opts. A setting is applied the way a route is: the
+kernel's `opts_to_apply`. Nothing here decides anything.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import pathlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from boltbeam.errors import BadInput
+from boltbeam.measure.route import RoutedOpt, kernel_key
+from boltbeam.search.space import KernelShape
+
+# The order opts are applied in: unroll the reduction, then the output's threads and outputs per
+# thread, then the group (whose local-memory check then counts the local and upcast it multiplies).
+ORDER = ("unroll", "local", "upcast", "group")
+OPT_OF = {"unroll": "UNROLL", "local": "LOCAL", "upcast": "UPCAST", "group": "GROUPTOP"}
+
+
+@dataclass
+class Captured:
+    shape: KernelShape
+    ast: Any                 # the kernel's AST as tinygrad compiles it (to_program's input)
+    renderer: Any
+    launches: int            # launches per decode token
+    bytes: int               # tinygrad's own estimates for the kernel as the heuristics built it
+    flops: int
+    default_opts: list[str]  # what tinygrad's heuristics applied
+
+
+def _shape(sink, renderer, key: str, name: str) -> KernelShape:
+    from tinygrad.codegen.opt.postrange import Scheduler
+    from tinygrad.uop.ops import AxisType
+    k = Scheduler(sink, renderer)
+    k.convert_loop_to_global()
+    lengths = [x if isinstance(x, int) else 0 for x in k.full_shape]   # a symbolic axis is never split
+
+    def longest(axes: list[int]) -> int | None:
+        axes = [i for i in axes if lengths[i] > 1]
+        return max(axes, key=lambda i: lengths[i]) if axes else None
+
+    out = longest(k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
+    red = longest(k.axes_of(AxisType.REDUCE))
+    outputs = math.prod(max(1, lengths[i]) for i in k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
+    return KernelShape(key, name, None if out is None else lengths[out], None if red is None else lengths[red],
+                       outputs=outputs,
+                       output_axis=out, reduce_axis=None if red is None else k.axes_of(AxisType.REDUCE).index(red),
+                       unroll_axis=None if red is None else k.unrollable_dims.index(red))
+
+
+@contextlib.contextmanager
+def _hooks(sources: dict, shapes: dict):
+    """Record, for each program tinygrad builds, its AST and renderer, and the shape apply_opts sees."""
+    import tinygrad.codegen as codegen
+    from tinygrad.engine import realize
+    orig_prog, orig_apply = realize.to_program, codegen.apply_opts
+    current: list[str] = []
+
+    def to_program(ast, renderer):
+        current.append(kernel_key(ast))
+        try:
+            prg = orig_prog(ast, renderer)
+        finally:
+            current.pop()
+        sources[prg.key] = (ast, renderer)
+        return prg
+
+    def apply_opts(sink, ren, beam=0):
+        if current and current[-1] not in shapes:
+            shapes[current[-1]] = (sink, ren)
+        return orig_apply(sink, ren, beam=beam)
+
+    realize.to_program, codegen.apply_opts = to_program, apply_opts
+    try:
+        yield
+    finally:
+        realize.to_program, codegen.apply_opts = orig_prog, orig_apply
+
+
+def capture(model: str, device: str, context: int, progress: Callable[[str], None] = lambda s: None) -> list[Captured]:
+    """The distinct kernels of one decode token of `model` on `device`, with their launches per token."""
+    from tinygrad import Context
+    from tinygrad.engine import realize
+    from tinygrad.llm.model import Transformer
+    from tinygrad.uop.ops import Ops
+
+    from boltbeam.measure.tinygrad_run import prompt_tokens
+    from boltbeam.read.census import take_census
+    census = take_census(model)
+    sources: dict = {}
+    shapes: dict = {}
+    with _hooks(sources, shapes):
+        progress("loading")
+        prompt = prompt_tokens(context, census.facts.vocabulary)
+        net, _ = Transformer.from_gguf(pathlib.Path(model), max(len(prompt) + 8, min(census.facts.context_length or 0, 4096)))
+        gen = net.generate(list(prompt))
+        with Context(JIT=2):
+            next(gen)
+        for _ in range(3):      # the JIT captures on its second call
+            progress("compiling the decode token")
+            next(gen)
+    captured = net.rollout_jit.captured
+    if captured is None:
+        raise BadInput("tinygrad did not capture a decode JIT")
+    programs: Counter = Counter()
+    for call in captured.linear.src:
+        head = call.src[0]
+        if head.op is Ops.CUSTOM_FUNCTION and head.arg == "graph":
+            programs.update(a.key for _, a, _, _ in realize.get_graph_runtime(head).calls if a.op is Ops.PROGRAM)
+        elif head.op is Ops.PROGRAM:
+            programs[head.key] += 1
+    by_kernel: dict[str, Captured] = {}
+    from tinygrad.uop.ops import sym_infer
+    for pkey, n in programs.items():
+        ast, ren = sources[pkey]
+        key = kernel_key(ast)
+        if key in by_kernel:
+            by_kernel[key].launches += n
+            continue
+        prg = _program(pkey, sources)
+        info = prg.src[0].arg
+        est = info.estimates
+        var_vals = _mid_vals(ast)
+        sink, sren = shapes[key]
+        by_kernel[key] = Captured(_shape(sink, sren, key, _plain(info.name)), ast, ren, n,
+                                  int(sym_infer(est.mem, var_vals)) if est else 0,
+                                  int(sym_infer(est.ops, var_vals)) if est else 0,
+                                  [str(o) for o in info.applied_opts])
+    return sorted(by_kernel.values(), key=lambda c: c.shape.key)
+
+
+def _program(pkey, sources):
+    from tinygrad.engine import realize
+    ast, ren = sources[pkey]
+    return realize.to_program(ast, ren)
+
+
+def _plain(name: str) -> str:
+    import re
+    return re.sub(r"\x1b\[[0-9;]*m", "", name)
+
+
+def _mid_vals(ast) -> dict[str, int]:
+    """Symbolic sizes (the KV position) at the middle of their range, as tinygrad's own search times them."""
+    return {v.expr: int(v.vmax + v.vmin) // 2 for v in ast.variables()}
+
+
+def opts_of(setting: dict[str, int], shape: KernelShape) -> list[RoutedOpt]:
+    """A family setting as tinygrad opts, in ORDER; a value of 1 is no opt."""
+    # tinygrad numbers an opt's axis per kind: LOCAL and UPCAST among all axes, GROUPTOP among the
+    # reductions, UNROLL among the reductions longer than 1. Unroll goes first, so neither moves.
+    axis = {"local": shape.output_axis, "upcast": shape.output_axis, "group": shape.reduce_axis,
+            "unroll": shape.unroll_axis}
+    return [RoutedOpt(OPT_OF[p], axis[p], setting[p]) for p in ORDER if setting.get(p, 1) != 1]
+
+
+def build(c: Captured, opts: list[RoutedOpt] | None):
+    """The compiled program for these opts (None: tinygrad's own heuristics), or the compiler's refusal."""
+    from dataclasses import replace
+
+    from tinygrad.codegen.opt import KernelOptError, Opt, OptOps
+    from tinygrad.engine import realize
+    ast = c.ast if opts is None else c.ast.replace(arg=replace(c.ast.arg, opts_to_apply=tuple(
+        Opt(OptOps[o.op], o.axis, o.arg) for o in opts), beam=0))
+    try:
+        return realize.to_program(ast, c.renderer)
+    except KernelOptError as e:
+        return f"tinygrad refuses: {e}"
+
+
+def time_program(c: Captured, prg, reps: int) -> list[float]:
+    """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes."""
+    from tinygrad.codegen.opt.postrange import bufs_from_ast
+    from tinygrad.codegen.opt.search import _time_program
+    bufs = [b.ensure_allocated() for b in bufs_from_ast(c.ast, c.renderer.target.device)]
+    tms = _time_program(prg, _mid_vals(c.ast), bufs, allow_test_size=False, cnt=reps)
+    return [t * 1e6 for t in tms if math.isfinite(t)]

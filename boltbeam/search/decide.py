@@ -1,0 +1,207 @@
+"""BoltBeam decides: time only FutureSight's survivors, within a budget, pick per kernel, write the route.
+
+For each distinct kernel of the decode token: BubbleBeam's legal settings, FutureSight's order, then
+up to `budget` survivors timed alone on the device against tinygrad's own heuristics for that kernel.
+Every timing goes in the ledger with its scope (device, target, compiler, family, kernel, setting);
+a setting the ledger already holds in the same scope is never timed again: its recorded time is
+reused. A setting joins the route only when it beats the default by more than NOISE. The whole token
+is judged elsewhere (`boltbeam search` profiles it with and without the route).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from statistics import median
+from typing import Any, Callable
+
+from boltbeam.bound.targets import Target
+from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_INCOMPLETE
+from boltbeam.measure.route import Choice, Route
+from boltbeam.search.compiler import Captured, build, opts_of, time_program
+from boltbeam.search.future import Prediction, Work, foresee
+from boltbeam.search.space import Family, Space, propose
+
+NOISE = 0.05               # a setting must beat the default by more than this (best of REPS each)
+REPS = 5
+INCOMPLETE_RATIO = 5.0     # a kernel whose best, its space exhausted, stays above 5x its floor
+ACTOR = "boltbeam search"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a timing holds for: the same kernel, setting, family, device, target and compiler."""
+    device: str
+    target: str
+    engine: str
+    family: str
+
+    def of(self, kernel: str, setting: str) -> dict[str, Any]:
+        return {"device": self.device, "target": self.target, "engine": self.engine, "family": self.family,
+                "kernel": kernel, "setting": setting}
+
+
+@dataclass
+class Timed:
+    setting: dict[str, int]
+    predicted: Prediction | None
+    measured_us: float
+    from_ledger: bool
+
+
+@dataclass
+class KernelResult:
+    key: str
+    name: str
+    launches: int
+    floor_us: float
+    space: Space
+    foreseen_out: int                      # legal settings FutureSight rejected
+    survivors: int
+    default: Timed
+    timed: list[Timed] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)   # setting -> the compiler's refusal
+    choice: Timed | None = None
+
+    @property
+    def best_us(self) -> float:
+        return self.choice.measured_us if self.choice else self.default.measured_us
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.timed) + len(self.refused) >= self.survivors
+
+    @property
+    def incomplete(self) -> bool:
+        return self.exhausted and self.floor_us > 0 and self.best_us > INCOMPLETE_RATIO * self.floor_us
+
+
+@dataclass
+class Search:
+    kernels: list[KernelResult]
+    route: Route
+    seconds_timing: float          # wall time spent compiling and timing on the device
+    timed_now: int
+    reused: int
+
+
+def setting_id(setting: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(setting.items()))
+
+
+def engine() -> str:
+    return f"tinygrad {version('tinygrad')}"
+
+
+def _recorded(ledger, candidate: str, scope: dict[str, Any]) -> float | None:
+    """The time the ledger holds for this candidate in this scope (its latest entry), if any."""
+    if ledger is None:
+        return None
+    for e in reversed(ledger.entries(candidate=candidate)):
+        if all(e.scope.get(k) == v for k, v in scope.items()) and "measured_us" in e.scope:
+            return float(e.scope["measured_us"])
+    return None
+
+
+def _measure(c: Captured, setting: dict[str, int] | None, scope: Scope, ledger, clock: list[float]) -> tuple[float | str, bool]:
+    """(µs or the compiler's refusal, whether it came from the ledger)."""
+    sid = "default" if setting is None else setting_id(setting)
+    candidate = f"{c.shape.key}:{sid}"
+    if (us := _recorded(ledger, candidate, scope.of(c.shape.key, sid))) is not None:
+        return us, True
+    t0 = time.perf_counter()
+    prg = build(c, None if setting is None else opts_of(setting, c.shape))
+    samples = [] if isinstance(prg, str) else time_program(c, prg, REPS)
+    clock[0] += time.perf_counter() - t0
+    if isinstance(prg, str) or not samples:
+        return prg if isinstance(prg, str) else "timing failed", False
+    return min(samples), False
+
+
+def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: float | None) -> None:
+    if ledger is None:
+        return
+    if default_us is None:
+        verdict, reasons, reopen = DIAGNOSTIC, [f"tinygrad's heuristics: {us:,.3f} µs alone on the device"], None
+    elif us < (1 - NOISE) * default_us:
+        verdict, reasons, reopen = CANDIDATE, [f"{us:,.3f} µs against the default's {default_us:,.3f} µs"], None
+    else:
+        verdict = REFUTE
+        reasons = [f"{us:,.3f} µs, not faster than the default's {default_us:,.3f} µs by more than {NOISE:.0%}"]
+        reopen = f"engine!={scope.engine}"
+    ledger.append(candidate=f"{c.shape.key}:{sid}", verdict=verdict, reasons=reasons,
+                  scope={**scope.of(c.shape.key, sid), "measured_us": us, "kernel_name": c.shape.name},
+                  evidence=[], reopen=reopen, actor=ACTOR)
+
+
+def search(kernels: list[Captured], fam: Family, target: Target, device: str, budget: int, ledger=None,
+           model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None) -> Search:
+    scope = Scope(device, target.name, engine(), fam.name)
+    clock = [0.0]
+    results, timed_now, reused = [], 0, 0
+    for i, c in enumerate(kernels):
+        progress(f"kernel {i + 1} of {len(kernels)}: {c.shape.name}")
+        space = propose(c.shape, fam, target)
+        work = Work(c.bytes, c.flops, max(1, c.shape.outputs), c.shape.reduce or 1)
+        sight = foresee(work, space.legal, target)
+        default_us, was_recorded = _measure(c, None, scope, ledger, clock)
+        if isinstance(default_us, str):
+            continue   # tinygrad's own build failed: nothing to compare against
+        timed_now, reused = timed_now + (not was_recorded), reused + was_recorded
+        if not was_recorded:
+            _record(ledger, c, "default", scope, default_us, None)
+        r = KernelResult(c.shape.key, c.shape.name, c.launches, c.bytes / target.bandwidth * 1e6, space,
+                         len(sight.rejected), len(sight.ordered), Timed({}, None, default_us, was_recorded))
+        for setting, pred in sight.ordered[:budget]:
+            us, was_recorded = _measure(c, setting, scope, ledger, clock)
+            if isinstance(us, str):
+                r.refused[setting_id(setting)] = us
+                continue
+            timed_now, reused = timed_now + (not was_recorded), reused + was_recorded
+            if not was_recorded:
+                _record(ledger, c, setting_id(setting), scope, us, default_us)
+            r.timed.append(Timed(setting, pred, us, was_recorded))
+        best = min(r.timed, key=lambda t: t.measured_us, default=None)
+        if best and best.measured_us < (1 - NOISE) * default_us:
+            r.choice = best
+        if r.incomplete and ledger is not None:
+            _incomplete(ledger, r, scope)
+        results.append(r)
+    route = Route(model_sha256, scope.engine, device, target.name, fam.name, "generated by search", [
+        Choice(r.key, r.name, r.choice.setting, opts_of(r.choice.setting, next(c.shape for c in kernels if c.shape.key == r.key)),
+               r.choice.measured_us, r.default.measured_us, r.choice.predicted.us if r.choice.predicted else None)
+        for r in results if r.choice])
+    return Search(results, route, clock[0], timed_now, reused)
+
+
+def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:
+    candidate = f"{r.key}:space"
+    if _recorded(ledger, candidate, scope.of(r.key, "space")) is not None:
+        return
+    ledger.append(candidate=candidate, verdict=SEARCH_SPACE_INCOMPLETE,
+                  reasons=[f"{r.name}: its best, {r.best_us:,.3f} µs with every survivor timed, is "
+                           f"{r.best_us / r.floor_us:,.1f}x its floor of {r.floor_us:,.3f} µs (bytes / bandwidth): "
+                           f"the {scope.family} family cannot reach it; the layout and gemv geometry families "
+                           f"(generated routes) are what the bound says is missing"],
+                  scope={**scope.of(r.key, "space"), "measured_us": r.best_us, "kernel_name": r.name},
+                  evidence=[], reopen=f"family!={scope.family}", actor=ACTOR)
+
+
+def spearman_by_kind(result: Search) -> dict[str, tuple[float | None, int]]:
+    """Rank correlation of FutureSight's predictions with the measured times, per kind of kernel
+    (reductions and elementwise), over every timed setting: (rho or None when undefined, points)."""
+    from scipy.stats import spearmanr
+    out: dict[str, tuple[float | None, int]] = {}
+    for kind in ("reduce", "elementwise"):
+        pairs = [(t.predicted.us, t.measured_us) for r in result.kernels
+                 if (r.space.kernel.reduce is not None) == (kind == "reduce") for t in r.timed if t.predicted]
+        rho = None
+        if len(pairs) >= 3 and len({p for p, _ in pairs}) > 1 and len({m for _, m in pairs}) > 1:
+            rho = float(spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic)
+        out[kind] = (rho, len(pairs))
+    return out
+
+
+def median_gain(result: Search) -> float | None:
+    gains = [r.default.measured_us / r.choice.measured_us for r in result.kernels if r.choice]
+    return median(gains) if gains else None

@@ -1,0 +1,163 @@
+"""BubbleBeam: the legal settings of each kernel, listed from the chip's declared facts alone (CPU only).
+
+A family in data/spaces.toml lists its parameters' values and its rules in chip facts. For one
+kernel, BubbleBeam takes every combination of values and keeps those that (1) fit the kernel's shape
+(each split divides the axis it splits) and (2) satisfy every rule on the target. Each rejected
+setting is counted under the one reason that rejected it first: the fact it breaks, or the kernel
+axis it does not divide. Nothing here runs on a device or asks the compiler.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput
+
+SEARCHED_BY = "tinygrad-opts"          # the code path the search drives today
+OPS = ("<=", "multiple_of", "divides")
+# Where each parameter of a tinygrad-opts family splits the kernel: the output axis or the reduction.
+SPLITS = {"local": "output", "upcast": "output", "group": "reduce", "unroll": "reduce"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    product: tuple[str, ...]
+    op: str
+    fact: str
+    why: str
+    needs: tuple[str, ...]      # the parameters that need the fact: held at 1 on a target without it
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    expressed_by: str
+    parameters: dict[str, tuple[int, ...]]
+    rules: tuple[Rule, ...]
+    constants: dict[str, int]
+
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What BubbleBeam needs of one kernel: its axes as the compiler sees them (no device)."""
+    key: str
+    name: str
+    output: int | None      # length of the output axis the settings split: the longest (None: no such axis)
+    reduce: int | None      # length of the reduction axis they split: the longest (None: not a reduction)
+    outputs: int = 1        # output elements over every output axis
+    # Where those axes sit in the compiler's own numbering (see search.compiler.opts_of).
+    output_axis: int | None = None
+    reduce_axis: int | None = None
+    unroll_axis: int | None = None
+
+
+@dataclass
+class Space:
+    kernel: KernelShape
+    legal: list[dict[str, int]]
+    rejected: Counter = field(default_factory=Counter)   # reason -> settings
+
+    @property
+    def size(self) -> int:
+        return len(self.legal) + sum(self.rejected.values())
+
+
+def families(text: str | None = None) -> dict[str, Family]:
+    """The families of data/spaces.toml (or of `text`), checked: a malformed family is bad input."""
+    text = text if text is not None else resources.files("boltbeam.data").joinpath("spaces.toml").read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"spaces.toml: not valid TOML ({e})") from None
+    return {name: _family(name, body) for name, body in data.items()}
+
+
+def _family(name: str, body: Any) -> Family:
+    where = f"spaces.toml: family {name!r}"
+    if not isinstance(body, dict) or not isinstance(body.get("parameters"), dict):
+        raise BadInput(f"{where}: needs a parameters table")
+    params = {}
+    for p, values in body["parameters"].items():
+        if not isinstance(values, list) or not values or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise BadInput(f"{where}: parameter {p!r} needs a list of non-negative integers")
+        params[p] = tuple(values)
+    constants = body.get("constants", {})
+    if not isinstance(constants, dict) or not all(isinstance(v, int) and v >= 1 for v in constants.values()):
+        raise BadInput(f"{where}: constants must be positive integers")
+    rules = []
+    for r in body.get("rules", []):
+        if not isinstance(r, dict) or r.get("op") not in OPS or not isinstance(r.get("fact"), str):
+            raise BadInput(f"{where}: a rule needs op ({', '.join(OPS)}) and fact")
+        names = r.get("product", [])
+        unknown = [n for n in r.get("needs", []) if n not in params]
+        if unknown:
+            raise BadInput(f"{where}: a rule needs {', '.join(unknown)}, which is not a parameter")
+        rules.append(Rule(tuple(names), r["op"], r["fact"], str(r.get("why", "")), tuple(r.get("needs", names))))
+    return Family(name, str(body.get("description", "")), str(body.get("expressed_by", "")), params,
+                  tuple(rules), dict(constants))
+
+
+def searchable(name: str, known: dict[str, Family] | None = None) -> Family:
+    """The family the search can drive, or one clear line on why not."""
+    known = known if known is not None else families()
+    if name not in known:
+        raise BadInput(f"unknown family {name!r} in spaces.toml; known: {', '.join(sorted(known))}")
+    fam = known[name]
+    if fam.expressed_by != SEARCHED_BY:
+        raise BadInput(f"family {name!r} is expressed by {fam.expressed_by or 'nothing'}: the search drives "
+                       f"{SEARCHED_BY} families only (generated routes are not built yet)")
+    unknown = [p for p in fam.parameters if p not in SPLITS]
+    if unknown:
+        raise BadInput(f"family {name!r}: parameter(s) {', '.join(unknown)} map to no tinygrad opt "
+                       f"(known: {', '.join(SPLITS)})")
+    return fam
+
+
+def _rule_breaks(rule: Rule, setting: dict[str, int], fam: Family, target: Target) -> str | None:
+    if all(setting.get(p, 1) == 1 for p in rule.needs):
+        return None
+    named = {n: setting[n] if n in setting else fam.constants.get(n, target.fact(n)) for n in rule.product}
+    missing = [n for n, v in {**named, rule.fact: target.fact(rule.fact)}.items() if v is None]
+    if missing:
+        return f"the target declares no {missing[0]}"
+    fact = target.fact(rule.fact)
+    product = math.prod(named.values())
+    ok = {"<=": product <= fact, "multiple_of": product % fact == 0,
+          "divides": product != 0 and fact % product == 0}[rule.op]
+    return None if ok else f"{rule.fact}: {rule.why}"
+
+
+def _shape_breaks(setting: dict[str, int], kernel: KernelShape) -> str | None:
+    for axis, length in (("output", kernel.output), ("reduce", kernel.reduce)):
+        split = math.prod(v for p, v in setting.items() if SPLITS[p] == axis)
+        if split == 1:
+            continue
+        if length is None:
+            return f"no {axis} axis to split"
+        if length % split:
+            return f"does not divide the {axis} axis"
+    return None
+
+
+def propose(kernel: KernelShape, fam: Family, target: Target) -> Space:
+    """Every setting of the family for this kernel: legal, or rejected with its reason."""
+    names = list(fam.parameters)
+    space = Space(kernel, [])
+    for values in itertools.product(*(fam.parameters[n] for n in names)):
+        setting = dict(zip(names, values))
+        reason = _shape_breaks(setting, kernel) or next(
+            (why for r in fam.rules if (why := _rule_breaks(r, setting, fam, target))), None)
+        if reason:
+            space.rejected[reason] += 1
+        else:
+            space.legal.append(setting)
+    return space
