@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
     p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search")
     p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8)")
+    p.add_argument("--seconds-per-kernel", type=float, default=30.0, metavar="S",
+                   help="no new setting is timed for a kernel after S seconds of its own (default 30)")
     p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
     p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
                    help=f"whole tokens per side for the judge (default {JUDGE_TOKENS})")
@@ -62,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.search.space import searchable
-    if args.budget < 1 or args.tokens < 5 or args.context < 0:
-        raise BadInput("need --budget >= 1, --tokens >= 5 (the judge's minimum) and --context >= 0")
+    if args.budget < 1 or args.tokens < 5 or args.context < 0 or not args.seconds_per_kernel > 0:
+        raise BadInput("need --budget >= 1, --seconds-per-kernel > 0, --tokens >= 5 (the judge's minimum) "
+                       "and --context >= 0")
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
     fam = searchable(args.family)
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task("capturing the decode token's kernels", total=None)
         say = lambda what: bar.update(task, description=escape(what))
         kernels = capture(model, args.device, args.context, say)
-        result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say)
+        result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
         routes.save(result.route, out / "route.json")
         judgement = None
         if not args.no_judge:

@@ -173,12 +173,21 @@ def build(c: Captured, opts: list[RoutedOpt] | None):
         return realize.to_program(ast, c.renderer)
     except KernelOptError as e:
         return f"tinygrad refuses: {e}"
+    except RuntimeError as e:   # the device's compiler failed on what tinygrad rendered
+        return f"the compile failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
 
 
-def time_program(c: Captured, prg, reps: int) -> list[float]:
-    """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes."""
+def time_program(c: Captured, prg, reps: int) -> list[float] | str:
+    """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes, the
+    caches emptied before each run where the device can (as tinygrad's BEAM times); or why it failed."""
+    from tinygrad import Device
     from tinygrad.codegen.opt.postrange import bufs_from_ast
     from tinygrad.codegen.opt.search import _time_program
-    bufs = [b.ensure_allocated() for b in bufs_from_ast(c.ast, c.renderer.target.device)]
-    tms = _time_program(prg, _mid_vals(c.ast), bufs, allow_test_size=False, cnt=reps)
-    return [t * 1e6 for t in tms if math.isfinite(t)]
+    device = c.renderer.target.device
+    bufs = [b.ensure_allocated() for b in bufs_from_ast(c.ast, device)]
+    try:
+        tms = _time_program(prg, _mid_vals(c.ast), bufs, allow_test_size=False, cnt=reps,
+                            clear_l2=hasattr(Device[device], "invalidate_caches"))
+    except RuntimeError as e:   # e.g. a launch asking for more resources than a multiprocessor has
+        return f"the launch failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+    return [t * 1e6 for t in tms if math.isfinite(t)] or "the launch failed"

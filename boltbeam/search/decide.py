@@ -9,6 +9,7 @@ is judged elsewhere (`boltbeam search` profiles it with and without the route).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -111,11 +112,9 @@ def _measure(c: Captured, setting: dict[str, int] | None, scope: Scope, ledger, 
         return us, True
     t0 = time.perf_counter()
     prg = build(c, None if setting is None else opts_of(setting, c.shape))
-    samples = [] if isinstance(prg, str) else time_program(c, prg, REPS)
+    samples = prg if isinstance(prg, str) else time_program(c, prg, REPS)
     clock[0] += time.perf_counter() - t0
-    if isinstance(prg, str) or not samples:
-        return prg if isinstance(prg, str) else "timing failed", False
-    return min(samples), False
+    return (samples if isinstance(samples, str) else min(samples)), False
 
 
 def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: float | None) -> None:
@@ -135,7 +134,9 @@ def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: 
 
 
 def search(kernels: list[Captured], fam: Family, target: Target, device: str, budget: int, ledger=None,
-           model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None) -> Search:
+           model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None,
+           seconds_per_kernel: float = math.inf) -> Search:
+    """`budget` settings at most per kernel, and no new one once the kernel has had `seconds_per_kernel`."""
     scope = Scope(device, target.name, engine(), fam.name)
     clock = [0.0]
     results, timed_now, reused = [], 0, 0
@@ -152,7 +153,10 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
             _record(ledger, c, "default", scope, default_us, None)
         r = KernelResult(c.shape.key, c.shape.name, c.launches, c.bytes / target.bandwidth * 1e6, space,
                          len(sight.rejected), len(sight.ordered), Timed({}, None, default_us, was_recorded))
+        started = clock[0]
         for setting, pred in sight.ordered[:budget]:
+            if clock[0] - started > seconds_per_kernel:
+                break
             us, was_recorded = _measure(c, setting, scope, ledger, clock)
             if isinstance(us, str):
                 r.refused[setting_id(setting)] = us
