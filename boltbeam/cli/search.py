@@ -122,7 +122,7 @@ def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
 
 
 def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
-    from boltbeam.search.decide import spearman_by_kind
+    from boltbeam.search.decide import spearman_by_kind, spearman_within_kernels
     rejected: Counter = Counter()
     for k in result.kernels:
         rejected.update(k.space.rejected)
@@ -140,9 +140,12 @@ def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
         "timed_now": result.timed_now, "reused_from_ledger": result.reused,
         "refused_by_compiler": sum(len(k.refused) for k in result.kernels),
         "spearman": {kind: {"rho": rho, "points": n} for kind, (rho, n) in spearman_by_kind(result).items()},
+        "spearman_within_kernels": dict(zip(("median_rho", "kernels"), spearman_within_kernels(result))),
         "routed_kernels": len(result.route.choices),
         "search_space_incomplete": [k.name for k in result.kernels if k.incomplete],
         "per_kernel": [{"kernel": k.key, "name": k.name, "launches": k.launches, "legal": len(k.space.legal),
+                        "output": k.space.kernel.output, "reduce": k.space.kernel.reduce,
+                        "outputs": k.space.kernel.outputs,
                         "settings": k.space.size, "survivors": k.survivors, "timed": len(k.timed),
                         "default_us": k.default.measured_us, "best_us": k.best_us, "floor_us": k.floor_us,
                         "choice": k.choice.setting if k.choice else None} for k in result.kernels],
@@ -169,6 +172,9 @@ def _print(s: dict[str, Any]) -> None:
     for kind, v in s["spearman"].items():
         rho = "undefined" if v["rho"] is None else f"{v['rho']:.2f}"
         c.print(f"FutureSight against the measurements, {kind} kernels: Spearman {rho} over {v['points']} settings")
+    w = s["spearman_within_kernels"]
+    c.print(f"FutureSight within each kernel: median Spearman "
+            f"{'undefined' if w['median_rho'] is None else format(w['median_rho'], '.2f')} over {w['kernels']} kernels")
     c.print(f"route: {escape(s['route'])}, {s['routed_kernels']} kernel(s) routed")
     if s["search_space_incomplete"]:
         c.print(f"search-space-incomplete: {len(s['search_space_incomplete'])} kernel(s) stay over 5x their floor "

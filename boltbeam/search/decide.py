@@ -206,6 +206,14 @@ def spearman_by_kind(result: Search) -> dict[str, tuple[float | None, int]]:
     return out
 
 
-def median_gain(result: Search) -> float | None:
-    gains = [r.default.measured_us / r.choice.measured_us for r in result.kernels if r.choice]
-    return median(gains) if gains else None
+def spearman_within_kernels(result: Search) -> tuple[float | None, int]:
+    """The median over kernels (with at least 3 timed settings) of the rank correlation between
+    FutureSight's order and the measured times of one kernel's settings: how well it orders what it
+    is asked to order. (median or None, kernels)."""
+    from scipy.stats import spearmanr
+    rhos = []
+    for r in result.kernels:
+        pairs = [(t.predicted.us, t.measured_us) for t in r.timed if t.predicted]
+        if len(pairs) >= 3 and len({p for p, _ in pairs}) > 1 and len({m for _, m in pairs}) > 1:
+            rhos.append(float(spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic))
+    return (median(rhos) if rhos else None), len(rhos)

@@ -3,10 +3,12 @@
 For one kernel (its bytes and operations by the compiler's own estimate, its axes) and one setting:
 
   threads        outputs / upcast x group (a group splits each output's reduction over its threads)
-  in flight      min(threads, what can be resident) x bytes per load x unroll   (Little's law)
+  resident       per multiprocessor: as many groups as fit its threads (a group takes whole thread
+                 groups of the warp width) and its group limit; times the multiprocessors
+  in flight      min(threads, resident) x bytes per load x unroll   (Little's law)
   memory time    bytes / min(bandwidth, in flight / latency)
   compute time   operations / (peak rate x the fraction of lanes the threads fill)
-  tail           groups over multiprocessors: a last partial wave costs a whole one
+  tail           groups over multiprocessors: past one wave, a last partial wave costs a whole one
   prediction     max(memory, compute) x tail
 
 A fact the target does not declare leaves its term out (no latency: no Little's law; no
@@ -48,10 +50,19 @@ def predict(work: Work, setting: dict[str, int], target: Target) -> Prediction:
     upcast, unroll = setting.get("upcast", 1), setting.get("unroll", 1)
     local, group = setting.get("local", 1), setting.get("group", 1)
     threads = max(1, work.outputs // upcast) * group
+    per_group = local * group
+    groups = max(1, threads // per_group)
     terms = ["bandwidth"]
     bandwidth = target.bandwidth
     sms, per_sm = target.fact("multiprocessors"), target.fact("max_threads_per_multiprocessor")
-    resident = threads if not (sms and per_sm) else min(threads, int(sms * per_sm))
+    fit = None            # groups resident on one multiprocessor at once
+    if sms and per_sm:
+        width = target.fact("thread_group_width") or 1
+        fit = max(1, int(per_sm // (math.ceil(per_group / width) * width)))
+        if limit := target.fact("max_groups_per_multiprocessor"):
+            fit = min(fit, int(limit))
+            terms.append("group limit")
+    resident = threads if fit is None else min(threads, int(sms * fit * per_group))
     latency = target.fact("memory_latency")
     if latency:
         bandwidth = min(bandwidth, resident * LOAD_BYTES * unroll / latency)
@@ -65,11 +76,10 @@ def predict(work: Work, setting: dict[str, int], target: Target) -> Prediction:
         terms.append("compute")
     tail = 1.0
     if sms:
-        per_group = local * group
-        groups = max(1, threads // per_group)
-        fit = max(1, int(per_sm // per_group)) if per_sm else 1
-        waves = groups / (sms * fit)
-        tail = math.ceil(waves) / waves
+        waves = groups / (sms * (fit or 1))
+        # A partial last wave costs a whole one; under one wave the idle multiprocessors are already
+        # counted by Little's law (fewer threads in flight).
+        tail = math.ceil(waves) / waves if waves > 1 else 1.0
         terms.append("waves")
     return Prediction(max(memory_us, compute_us) * tail, memory_us, compute_us, tail, terms)
 
