@@ -215,3 +215,33 @@ def test_strict_refuses_an_account_that_does_not_close(capsys, tmp_path, tiny_mo
                        "--out", tmp_path / "b.html", "--strict")
     assert code == 3 and "does not close" in err
     assert re.search(r"refused</span>: the account does not close", (tmp_path / "b.html").read_text())
+
+
+SEARCH_SUMMARY = {"space": {"settings": 1280, "legal": 176, "survivors": 154,
+                            "rejected_by_reason": {"does not divide the reduce axis": 700}},
+                  "timed_now": 60, "reused_from_ledger": 2, "routed_kernels": 9}
+
+
+def test_the_page_draws_a_search_funnel(tiny_model, tiny_bound, tmp_path):
+    from boltbeam.report.audit import load_funnel
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(SEARCH_SUMMARY))
+    f = load_funnel(str(path))
+    assert [n for _, n in f.steps] == [1280, 176, 154, 62, 9]     # timed counts the ledger's too
+    audit = assemble(closing_trace(tiny_bound), "t.json", tiny_model, H200L, tiny_bound, None, funnel=f)
+    page = _Page()
+    page.feed(render(audit))
+    assert "funnel-chart" in page.figures and audit.to_dict()["search"]["legal (BubbleBeam)"] == 176
+    svg, rows = charts.funnel(f.steps)
+    assert rows[1]["of_previous"] == pytest.approx(176 / 1280) and rows[0]["of_previous"] is None
+
+
+@pytest.mark.parametrize("doc", [[], {"space": []}, {"space": {"settings": -1, "legal": 1, "survivors": 1},
+                                                     "routed_kernels": 0},
+                                 {**SEARCH_SUMMARY, "routed_kernels": "nine"}])
+def test_a_search_summary_that_is_not_one_is_one_line(doc, tmp_path):
+    from boltbeam.report.audit import load_funnel
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match="search summary"):
+        load_funnel(str(path))

@@ -187,7 +187,7 @@ def test_only_tinygrad_opts_families_are_searchable():
 
 # --- FutureSight ---------------------------------------------------------------------------------
 
-WORK = Work(bytes=4_000_000, flops=8_000_000, outputs=256, reduce=1024)
+WORK = Work(bytes=4_000_000, flops=8_000_000, outputs=256)
 
 
 def without(target, *facts):
@@ -478,13 +478,10 @@ def real_route(runs) -> dict:
     return json.loads((runs.first_out / "route.json").read_text())
 
 
-def _set(d: dict, path: tuple, value) -> dict:
-    d = json.loads(json.dumps(d))
-    node = d
-    for k in path[:-1]:
-        node = node[k]
-    node[path[-1]] = value
-    return d
+def with_opt(route: dict, op: str, arg: int) -> dict:
+    """The route with its first choice's opts replaced by one opt (a choice may have none: no opts)."""
+    first = {**route["choices"][0], "opts": [{"op": op, "axis": 0, "arg": arg}]}
+    return {**route, "choices": [first, *route["choices"][1:]]}
 
 
 @pytest.mark.parametrize("make, message", [
@@ -494,8 +491,8 @@ def _set(d: dict, path: tuple, value) -> dict:
     (lambda r: json.dumps({**r, "engine": "tinygrad 0.0.1"}), "was made with tinygrad 0.0.1; this is tinygrad "),
     (lambda r: json.dumps({**r, "model_sha256": "0" * 64}), "was made for another model"),
     (lambda r: json.dumps({**r, "provenance": "hand-written"}), "may not ship"),
-    (lambda r: json.dumps(_set(r, ("choices", 0, "opts", 0, "op"), "FOO")), "is not a tinygrad opt"),
-    (lambda r: json.dumps(_set(r, ("choices", 0, "opts", 0, "arg"), -1)), "is not a tinygrad opt"),
+    (lambda r: json.dumps(with_opt(r, "FOO", 2)), "is not a tinygrad opt"),
+    (lambda r: json.dumps(with_opt(r, "UPCAST", -1)), "is not a tinygrad opt"),
     (lambda r: json.dumps({k: v for k, v in r.items() if k != "choices"}), "malformed (KeyError"),
 ])
 def test_bad_route_to_profile(tiny_model, tmp_path, real_route, make, message):
@@ -504,3 +501,19 @@ def test_bad_route_to_profile(tiny_model, tmp_path, real_route, make, message):
     err = one_line_error(profile_cmd(tiny_model, str(route), out))
     assert message in err and str(route) in err
     assert sorted(tmp_path.iterdir()) == [route]
+
+
+def test_the_route_api_is_off_by_switch(tmp_path, monkeypatch):
+    """`route.apply` with the switch set or `none` installs nothing; a bad route is one BadInput."""
+    from tinygrad.engine import realize
+    from boltbeam.measure import route as routes
+    before = realize.to_program
+    with routes.apply("none") as applied:
+        assert realize.to_program is before and applied.kernels == set()
+    monkeypatch.setenv(routes.SWITCH, "none")
+    with routes.apply(str(tmp_path / "missing.json")):
+        assert realize.to_program is before
+    monkeypatch.delenv(routes.SWITCH)
+    with pytest.raises(BadInput):
+        with routes.apply(str(tmp_path / "missing.json")):
+            pass

@@ -49,6 +49,7 @@ def _page_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", action="append", default=[], metavar="FILE",
                    help="a second trace, or llama-bench JSON, to compare region by region (repeatable)")
     p.add_argument("--ledger", metavar="LEDGER", help="a ledger whose verdicts the page lists")
+    p.add_argument("--search", metavar="SEARCH.json", help="a `boltbeam search` summary: the page draws its funnel")
     p.add_argument("--price-per-hour", type=float, metavar="USD",
                    help="the device's price per hour (default: the target's price_per_hour fact)")
     p.add_argument("--no-hash-check", action="store_true",
@@ -63,11 +64,12 @@ class _Inputs:
     def __init__(self, args: argparse.Namespace, context: int | None):
         from boltbeam.account.price import price_of
         from boltbeam.bound.targets import get_target
-        from boltbeam.report.audit import load_other, read_ledger
+        from boltbeam.report.audit import load_funnel, load_other, read_ledger
         self.target = get_target(args.target, args.targets)
         self.price = price_of(self.target, args.price_per_hour)
         self.others = [(path, load_other(path, context)) for path in args.compare]
         self.ledger = read_ledger(args.ledger) if args.ledger else None
+        self.funnel = load_funnel(args.search) if args.search else None
 
 
 def writable_dir(path: str) -> Path:
@@ -130,7 +132,8 @@ def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profil
     from boltbeam.measure import trace as tracefile
     from boltbeam.report.audit import assemble
     from boltbeam.report.page import render
-    audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger)
+    audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
+                     funnel=inputs.funnel)
     html = _checked_size(render(audit))
     acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
                "returns": audit.returns.to_dict() if audit.returns else None}
@@ -166,7 +169,8 @@ def run_report(args: argparse.Namespace) -> int:
         check_model(trace, model)
     inputs = _Inputs(args, trace.workload.get("context"))
     b = bound(take_census(model), inputs.target, context=trace.workload.get("context") or 0, batch=1)
-    audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger)
+    audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
+                     funnel=inputs.funnel)
     write_atomic(args.out, _checked_size(render(audit)))
     return _summarize(audit, Path(args.out), started, args)
 

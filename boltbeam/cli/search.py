@@ -71,28 +71,36 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     fam = searchable(args.family)
     _facts_needed(fam, target)
-    out = writable_dir(args.out)
     sha = sha256_file(model)
     started = time.monotonic()
     os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
     from boltbeam.search.compiler import capture
     from boltbeam.search.decide import search
-    with Ledger(args.ledger) as ledger, Progress(SpinnerColumn(), "[progress.description]{task.description}",
-                                                 TimeElapsedColumn(), console=report.console(), transient=True) as bar:
-        task = bar.add_task("capturing the decode token's kernels", total=None)
-        say = lambda what: bar.update(task, description=escape(what))
-        kernels = capture(model, args.device, args.context, say)
-        result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
-        routes.save(result.route, out / "route.json")
-        judgement = None
-        if not args.no_judge:
-            judgement = _judge(model, args, out, say, ledger)
+    refused = None
+    with Ledger(args.ledger) as ledger:   # a file that is no ledger is refused before anything is written
+        out = writable_dir(args.out)
+        with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
+                      console=report.console(), transient=True) as bar:
+            task = bar.add_task("capturing the decode token's kernels", total=None)
+            say = lambda what: bar.update(task, description=escape(what))
+            kernels = capture(model, args.device, args.context, say)
+            result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
+            routes.save(result.route, out / "route.json")
+            judgement = None
+            if not args.no_judge:
+                try:
+                    judgement = _judge(model, args, out, say, ledger)
+                except Refused as e:   # the route and its timings stand; the summary says the judge could not run
+                    refused = str(e)
     summary = _summary(result, judgement, time.monotonic() - started, out)
+    summary["judge_refused"] = refused
     write_json(out / "search.json", summary)
     if args.json:
         report.print_json(summary)
     else:
         _print(summary)
+    if refused:
+        raise Refused(refused)
     return 0
 
 
@@ -143,6 +151,7 @@ def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
         "spearman_within_kernels": dict(zip(("median_rho", "kernels"), spearman_within_kernels(result))),
         "routed_kernels": len(result.route.choices),
         "search_space_incomplete": [k.name for k in result.kernels if k.incomplete],
+        "unbuilt": result.unbuilt,
         "per_kernel": [{"kernel": k.key, "name": k.name, "launches": k.launches, "legal": len(k.space.legal),
                         "output": k.space.kernel.output, "reduce": k.space.kernel.reduce,
                         "outputs": k.space.kernel.outputs,
@@ -176,6 +185,8 @@ def _print(s: dict[str, Any]) -> None:
     c.print(f"FutureSight within each kernel: median Spearman "
             f"{'undefined' if w['median_rho'] is None else format(w['median_rho'], '.2f')} over {w['kernels']} kernels")
     c.print(f"route: {escape(s['route'])}, {s['routed_kernels']} kernel(s) routed")
+    for name, why in s["unbuilt"].items():
+        c.print(f"not searched: {escape(name)}: tinygrad's own build of it failed ({escape(why)})")
     if s["search_space_incomplete"]:
         c.print(f"search-space-incomplete: {len(s['search_space_incomplete'])} kernel(s) stay over 5x their floor "
                 f"with every survivor timed")

@@ -84,6 +84,9 @@ def load(path: str) -> Route:
     if route.provenance not in PROVENANCES[:2]:
         raise BadInput(f"{where}: provenance {route.provenance!r} may not ship (only {' or '.join(PROVENANCES[:2])})")
     for c in route.choices:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in c.setting.values()) or not (
+                c.predicted_us is None or isinstance(c.predicted_us, (int, float)) and not isinstance(c.predicted_us, bool)):
+            raise BadInput(f"{where}: kernel {c.kernel}: setting values must be integers, predicted_us a number")
         for o in c.opts:
             if o.op not in OPS or not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
                                           for v in (o.axis, o.arg)):
@@ -108,6 +111,24 @@ def switched_off(route_arg: str | None) -> bool:
 class Applied:
     """Which routed kernels tinygrad compiled with the route's opts: the intended route ran."""
     kernels: set[str] = field(default_factory=set)
+
+
+@contextlib.contextmanager
+def apply(path: str) -> Iterator[Applied]:
+    """A route applied to your own tinygrad program, in this process, before it compiles its kernels:
+
+        with boltbeam.measure.route.apply("route.json") as applied:
+            ...   # run the model; applied.kernels: the routed kernels compiled with the route's opts
+
+    Off when `path` is "none" or BOLTBEAM_ROUTE=none; a route made with another tinygrad is refused."""
+    from importlib.metadata import version
+    if switched_off(path):
+        yield Applied()
+        return
+    route = load(path)
+    check_applies(route, None, f"tinygrad {version('tinygrad')}", path)
+    with install(route.opts_by_kernel()) as applied:
+        yield applied
 
 
 @contextlib.contextmanager

@@ -30,6 +30,47 @@ class Compared:
     comparison: Comparison
 
 
+@dataclass(frozen=True)
+class Funnel:
+    """A search's space, step by step (from `boltbeam search`'s search.json)."""
+    path: str
+    settings: int       # every setting of the family, over the token's distinct kernels
+    legal: int          # after BubbleBeam
+    survivors: int      # after FutureSight
+    timed: int          # timed now or read from the ledger
+    chosen: int         # settings in the route
+    rejected_by_reason: dict[str, int]
+
+    @property
+    def steps(self) -> list[tuple[str, int]]:
+        return [("settings", self.settings), ("legal (BubbleBeam)", self.legal),
+                ("survived FutureSight", self.survivors), ("timed", self.timed), ("in the route", self.chosen)]
+
+
+def _count(x: Any, what: str, where: str) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise BadInput(f"{where}: {what} must be a count, not {x!r}")
+    return x
+
+
+def load_funnel(path: str) -> Funnel:
+    """search.json, checked field by field: a file that is not one is one clear line."""
+    d = load_json(path, "search summary")
+    where = f"search summary {path}"
+    if not isinstance(d, dict) or not isinstance(d.get("space"), dict):
+        raise BadInput(f"{where}: not a `boltbeam search` summary (no space)")
+    sp = d["space"]
+    reasons = sp.get("rejected_by_reason", {})
+    if not isinstance(reasons, dict):
+        raise BadInput(f"{where}: rejected_by_reason must be an object")
+    return Funnel(path, _count(sp.get("settings"), "settings", where), _count(sp.get("legal"), "legal", where),
+                  _count(sp.get("survivors"), "survivors", where),
+                  _count(d.get("timed_now", 0), "timed_now", where) + _count(d.get("reused_from_ledger", 0),
+                                                                             "reused_from_ledger", where),
+                  _count(d.get("routed_kernels"), "routed_kernels", where),
+                  {str(k): _count(v, "a rejection count", where) for k, v in reasons.items()})
+
+
 @dataclass
 class Audit:
     model: str
@@ -43,6 +84,7 @@ class Audit:
     compared: list[Compared] = field(default_factory=list)
     ledger_path: str | None = None
     ledger: list[Entry] = field(default_factory=list)
+    funnel: Funnel | None = None
 
     @property
     def wall_us(self) -> float:
@@ -68,7 +110,8 @@ class Audit:
                 "account": acc.to_dict() if acc else None, "no_account": self.no_account,
                 "returns": self.returns.to_dict() if self.returns else None,
                 "compared": [{"path": c.path, **c.comparison.to_dict()} for c in self.compared],
-                "ledger": self.ledger_path, "ledger_entries": len(self.ledger)}
+                "ledger": self.ledger_path, "ledger_entries": len(self.ledger),
+                "search": None if self.funnel is None else {"path": self.funnel.path, **dict(self.funnel.steps)}}
 
 
 def load_other(path: str, context: int | None) -> Trace:
@@ -81,7 +124,7 @@ def load_other(path: str, context: int | None) -> Trace:
 
 def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: Bound, price: Price | None,
              others: list[tuple[str, Trace]] = (), ledger: tuple[str, list[Entry]] | None = None,
-             load_bytes: int = 16) -> Audit:
+             load_bytes: int = 16, funnel: Funnel | None = None) -> Audit:
     """The audit of `trace` against its bound; comparisons with each of `others` (path, trace) and the
     ledger's (path, entries), both read with load_other and read_ledger before any long step."""
     if not trace.token_wall_us:
@@ -94,7 +137,7 @@ def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: B
     compared = [Compared(path, compare(trace, other, bound)) for path, other in others]
     ledger_path, entries = ledger or (None, [])
     return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
-                 compared, ledger_path, entries)
+                 compared, ledger_path, entries, funnel)
 
 
 def read_ledger(path: str) -> tuple[str, list[Entry]]:

@@ -156,3 +156,18 @@ def gantt(kernels: list[Kernel], offsets: list[float]) -> tuple[str, Rows]:
     ax.set_xlabel("µs from the token's first kernel")
     ax.set_title(f"One token's {len(kernels)} kernels")
     return _svg(fig), rows
+
+
+def funnel(steps: list[tuple[str, int]]) -> tuple[str, Rows]:
+    """A search's space narrowing step by step (linear bars: each the share of the whole it is)."""
+    rows: Rows = [{"step": name, "count": n, "of_previous": n / prev if prev else None}
+                  for (name, n), prev in zip(steps, [None, *(n for _, n in steps)])]
+    fig = Figure(figsize=(7.5, 0.4 * len(rows) + 1.0))
+    ax = fig.subplots()
+    y = list(range(len(rows)))
+    ax.barh(y, [r["count"] for r in rows], color=PALETTE[2], height=0.6)
+    ax.set_yticks(y, [r["step"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("settings")
+    ax.set_title("The search's space, step by step")
+    return _svg(fig), rows

@@ -82,6 +82,13 @@ def _charts(audit: Audit) -> list[Chart]:
         out.append(Chart(f"compare-{i + 1}", f"Who wins where: against {cmp.b_label}",
                          "Bars per region, each region's floor marked; the whole token first.",
                          svg, [x[0] for x in cols], _table(rows, cols), notes=notes))
+    if audit.funnel is not None:
+        svg, rows = charts.funnel(audit.funnel.steps)
+        cols = [("step", "step", None), ("count", "count", lambda x: _num(x, 0)), ("of the step before", "of_previous", _pct)]
+        out.append(Chart("funnel", "The search: legal, survived FutureSight, timed, chosen",
+                         f"From {audit.funnel.path}. 'In the route' counts kernels given a setting.", svg,
+                         [x[0] for x in cols], _table(rows, cols),
+                         notes=[f"rejected {n:,}: {why}" for why, n in audit.funnel.rejected_by_reason.items()]))
     if (drawn := audit.token_kernels()) is not None:
         token, kernels, offsets = drawn
         svg, rows = charts.gantt(kernels, offsets)

@@ -31,15 +31,17 @@ ACTOR = "boltbeam search"
 
 @dataclass(frozen=True)
 class Scope:
-    """What a timing holds for: the same kernel, setting, family, device, target and compiler."""
+    """What a timing holds for: the same kernel, setting, family, device, target, compiler and method
+    (repetitions). Not the machine: two machines declared as one target share their timings."""
     device: str
     target: str
     engine: str
     family: str
+    reps: int = REPS
 
     def of(self, kernel: str, setting: str) -> dict[str, Any]:
         return {"device": self.device, "target": self.target, "engine": self.engine, "family": self.family,
-                "kernel": kernel, "setting": setting}
+                "reps": self.reps, "kernel": kernel, "setting": setting}
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Search:
     seconds_timing: float          # wall time spent compiling and timing on the device
     timed_now: int
     reused: int
+    unbuilt: dict[str, str] = field(default_factory=dict)   # kernel -> why its default could not be built or timed
 
 
 def setting_id(setting: dict[str, int]) -> str:
@@ -140,14 +143,16 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
     scope = Scope(device, target.name, engine(), fam.name)
     clock = [0.0]
     results, timed_now, reused = [], 0, 0
+    unbuilt: dict[str, str] = {}
     for i, c in enumerate(kernels):
         progress(f"kernel {i + 1} of {len(kernels)}: {c.shape.name}")
         space = propose(c.shape, fam, target)
-        work = Work(c.bytes, c.flops, max(1, c.shape.outputs), c.shape.reduce or 1)
+        work = Work(c.bytes, c.flops, max(1, c.shape.outputs))
         sight = foresee(work, space.legal, target)
         default_us, was_recorded = _measure(c, None, scope, ledger, clock)
-        if isinstance(default_us, str):
-            continue   # tinygrad's own build failed: nothing to compare against
+        if isinstance(default_us, str):   # tinygrad's own build failed: nothing to compare against
+            unbuilt[c.shape.name] = default_us
+            continue
         timed_now, reused = timed_now + (not was_recorded), reused + was_recorded
         if not was_recorded:
             _record(ledger, c, "default", scope, default_us, None)
@@ -175,7 +180,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         Choice(r.key, r.name, r.choice.setting, opts_of(r.choice.setting, next(c.shape for c in kernels if c.shape.key == r.key)),
                r.choice.measured_us, r.default.measured_us, r.choice.predicted.us if r.choice.predicted else None)
         for r in results if r.choice])
-    return Search(results, route, clock[0], timed_now, reused)
+    return Search(results, route, clock[0], timed_now, reused, unbuilt)
 
 
 def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:

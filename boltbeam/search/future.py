@@ -34,7 +34,6 @@ class Work:
     bytes: int
     flops: int
     outputs: int          # output elements (all output axes)
-    reduce: int           # the reduction's length (1: none)
 
 
 @dataclass

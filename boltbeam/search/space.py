@@ -98,6 +98,8 @@ def _family(name: str, body: Any) -> Family:
         if not isinstance(r, dict) or r.get("op") not in OPS or not isinstance(r.get("fact"), str):
             raise BadInput(f"{where}: a rule needs op ({', '.join(OPS)}) and fact")
         names = r.get("product", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadInput(f"{where}: a rule's product must be a list of names")
         unknown = [n for n in r.get("needs", []) if n not in params]
         if unknown:
             raise BadInput(f"{where}: a rule needs {', '.join(unknown)}, which is not a parameter")
@@ -119,6 +121,8 @@ def searchable(name: str, known: dict[str, Family] | None = None) -> Family:
     if unknown:
         raise BadInput(f"family {name!r}: parameter(s) {', '.join(unknown)} map to no tinygrad opt "
                        f"(known: {', '.join(SPLITS)})")
+    if any(v < 1 for values in fam.parameters.values() for v in values):
+        raise BadInput(f"family {name!r}: a split of an axis must be at least 1")
     return fam
 
 
