@@ -517,3 +517,41 @@ def test_the_route_api_is_off_by_switch(tmp_path, monkeypatch):
     with pytest.raises(BadInput):
         with routes.apply(str(tmp_path / "missing.json")):
             pass
+
+
+# --- FutureSight's constants are data, fitted to measurements -------------------------------------------
+
+def test_calibration_is_read_from_data():
+    from boltbeam.search.future import Calibration, calibration
+    assert calibration("no-such-target") == Calibration()                       # the physical defaults
+    assert calibration("h200").bytes_in_flight_per_thread >= 1                  # the packaged entry parses
+    assert calibration("x", "[x]\nbytes_in_flight_per_thread = 64\nunroll_adds_in_flight = 0\n") == Calibration(64, False)
+    for bad in ("[x]\nbytes_in_flight_per_thread = 0\nunroll_adds_in_flight = 0\n",
+                "[x]\nbytes_in_flight_per_thread = 8\nunroll_adds_in_flight = 2\n", "[x\n"):
+        with pytest.raises(BadInput, match="futuresight.toml"):
+            calibration("x", bad)
+
+
+def test_fit_recovers_the_constants_that_made_the_times():
+    """Times made by a known calibration: the fit orders them perfectly, the defaults do not."""
+    from boltbeam.search.future import Calibration, Point, fit, within_spearman
+    h200 = get_target("h200")
+    truth = Calibration(128, False)
+    settings = [{"local": l, "group": g, "upcast": 1, "unroll": u} for l in (1, 4) for g in (1, 4, 16) for u in (1, 8)]
+    points = [Point(f"k{i}", Work(4_000_000 * (i + 1), 0, 256 * (i + 1)), s, predict(Work(4_000_000 * (i + 1), 0, 256 * (i + 1)), s, h200, truth).us)
+              for i in range(3) for s in settings]
+    cal, rho = fit(points, h200)
+    assert rho == pytest.approx(1.0) and cal.unroll_adds_in_flight is False
+    assert within_spearman(points, h200, Calibration())[0] < rho                # unrolling is not free in flight
+
+
+def test_search_calibrate_bad_input_is_one_line(tmp_path, capsys):
+    from boltbeam.cli import main
+    summary = tmp_path / "s.json"
+    summary.write_text(json.dumps({"per_kernel": [{"name": "k", "floor_us": 1.0, "outputs": 4}]}))
+    for argv in (["--summary", str(summary), "--summary", str(summary), "--ledger", "x", "--target", "h200"],  # unpaired
+                 ["--summary", str(summary), "--ledger", str(tmp_path / "none.sqlite"), "--target", "h200"]):
+        assert main(["search-calibrate", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "none.sqlite").exists()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+
+    p = sub.add_parser("search-calibrate", help="fit FutureSight's constants to settings searches have timed",
+                       description="Reads searches' summaries and ledgers (pairs: --summary S --ledger L, repeatable), "
+                                   "fits the constants that order each kernel's measured settings best (median "
+                                   "Spearman within a kernel) on the first pair, checks them on the rest, and prints "
+                                   "the entry for boltbeam/data/futuresight.toml.")
+    p.add_argument("--summary", action="append", required=True, metavar="SEARCH.json")
+    p.add_argument("--ledger", action="append", required=True, metavar="LEDGER")
+    p.add_argument("--target", required=True)
+    p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run_calibrate)
 
 
 def _facts_needed(fam, target) -> None:
@@ -92,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                     judgement = _judge(model, args, out, say, ledger)
                 except Refused as e:   # the route and its timings stand; the summary says the judge could not run
                     refused = str(e)
-    summary = _summary(result, judgement, time.monotonic() - started, out)
+    summary = _summary(result, judgement, time.monotonic() - started, out, target)
     summary["judge_refused"] = refused
     write_json(out / "search.json", summary)
     if args.json:
@@ -129,7 +142,7 @@ def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
     return j
 
 
-def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
+def _summary(result, judgement, seconds: float, out: Path, target) -> dict[str, Any]:
     from boltbeam.search.decide import spearman_by_kind, spearman_within_kernels
     rejected: Counter = Counter()
     for k in result.kernels:
@@ -148,13 +161,15 @@ def _summary(result, judgement, seconds: float, out: Path) -> dict[str, Any]:
         "timed_now": result.timed_now, "reused_from_ledger": result.reused,
         "refused_by_compiler": sum(len(k.refused) for k in result.kernels),
         "spearman": {kind: {"rho": rho, "points": n} for kind, (rho, n) in spearman_by_kind(result).items()},
-        "spearman_within_kernels": dict(zip(("median_rho", "kernels"), spearman_within_kernels(result))),
+        "spearman_within_kernels": dict(zip(("median_rho", "kernels"), spearman_within_kernels(result, target))),
+        "futuresight": asdict(result.calibration),
         "routed_kernels": len(result.route.choices),
         "search_space_incomplete": [k.name for k in result.kernels if k.incomplete],
         "unbuilt": result.unbuilt,
         "per_kernel": [{"kernel": k.key, "name": k.name, "launches": k.launches, "legal": len(k.space.legal),
                         "output": k.space.kernel.output, "reduce": k.space.kernel.reduce,
-                        "outputs": k.space.kernel.outputs,
+                        "outputs": k.space.kernel.outputs, "bytes": k.work.bytes if k.work else None,
+                        "flops": k.work.flops if k.work else None,
                         "settings": k.space.size, "survivors": k.survivors, "timed": len(k.timed),
                         "default_us": k.default.measured_us, "best_us": k.best_us, "floor_us": k.floor_us,
                         "choice": k.choice.setting if k.choice else None} for k in result.kernels],
@@ -194,3 +209,54 @@ def _print(s: dict[str, Any]) -> None:
         c.print(f"whole token: {j['verdict']}")
         for r in j["reasons"]:
             c.print(f"  {escape(r)}")
+
+
+def _points(summary_path: str, ledger_path: str, target):
+    """The measured settings of one search: its summary gives each kernel's work, its ledger the times."""
+    from boltbeam.files import load_json
+    from boltbeam.ledger.store import Ledger
+    from boltbeam.search.future import Point, Work
+    doc = load_json(summary_path, "search summary")
+    try:
+        work = {k["name"]: Work(int(k.get("bytes") or k["floor_us"] * target.bandwidth / 1e6), int(k.get("flops") or 0),
+                                max(1, int(k["outputs"]))) for k in doc["per_kernel"]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"search summary {summary_path}: per_kernel lacks what calibration needs ({e})") from None
+    out = []
+    with Ledger(ledger_path, create=False) as ledger:
+        for e in ledger.entries():
+            sc = e.scope
+            if sc.get("kernel_name") in work and "measured_us" in sc and sc.get("setting") not in ("default", "space"):
+                try:
+                    setting = {k: int(v) for k, v in (kv.split("=") for kv in str(sc["setting"]).split(","))}
+                except ValueError:
+                    continue
+                out.append(Point(sc["kernel_name"], work[sc["kernel_name"]], setting, float(sc["measured_us"])))
+    if not out:
+        raise BadInput(f"ledger {ledger_path}: no timed setting of the kernels in {summary_path}")
+    return out
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from boltbeam.bound.targets import get_target
+    from boltbeam.search.future import fit, within_spearman
+    if len(args.summary) != len(args.ledger):
+        raise BadInput("give --summary and --ledger in pairs, one of each per search")
+    target = get_target(args.target, args.targets)
+    pairs = [_points(s, l, target) for s, l in zip(args.summary, args.ledger)]
+    cal, rho = fit(pairs[0], target)
+    held = [dict(zip(("median_rho", "kernels"), within_spearman(p, target, cal))) for p in pairs[1:]]
+    result = {"target": target.name, **asdict(cal), "fitted_on": args.summary[0], "points": len(pairs[0]),
+              "median_spearman_fitted": rho,
+              "held_out": [{"summary": s, **h} for s, h in zip(args.summary[1:], held)]}
+    if args.json:
+        report.print_json(result)
+        return 0
+    c = report.console()
+    c.print(f"[{target.name}]\nbytes_in_flight_per_thread = {cal.bytes_in_flight_per_thread}\n"
+            f"unroll_adds_in_flight = {int(cal.unroll_adds_in_flight)}", markup=False)
+    c.print(f"fitted on {args.summary[0]} ({len(pairs[0])} settings): median Spearman within a kernel {rho:.3f}")
+    for h in result["held_out"]:
+        rho_h = "undefined" if h["median_rho"] is None else f"{h['median_rho']:.3f}"
+        c.print(f"held out {h['summary']}: {rho_h} over {h['kernels']} kernels")
+    return 0

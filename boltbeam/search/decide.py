@@ -20,7 +20,7 @@ from boltbeam.bound.targets import Target
 from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_INCOMPLETE
 from boltbeam.measure.route import Choice, Route
 from boltbeam.search.compiler import Captured, build, opts_of, time_program
-from boltbeam.search.future import Prediction, Work, foresee
+from boltbeam.search.future import Calibration, Point, Prediction, Work, calibration, foresee, within_spearman
 from boltbeam.search.space import Family, Space, propose
 
 NOISE = 0.05               # a setting must beat the default by more than this (best of REPS each)
@@ -65,6 +65,7 @@ class KernelResult:
     timed: list[Timed] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)   # setting -> the compiler's refusal
     choice: Timed | None = None
+    work: Work | None = None
 
     @property
     def best_us(self) -> float:
@@ -87,6 +88,7 @@ class Search:
     timed_now: int
     reused: int
     unbuilt: dict[str, str] = field(default_factory=dict)   # kernel -> why its default could not be built or timed
+    calibration: Calibration = field(default_factory=Calibration)
 
 
 def setting_id(setting: dict[str, int]) -> str:
@@ -141,6 +143,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
            seconds_per_kernel: float = math.inf) -> Search:
     """`budget` settings at most per kernel, and no new one once the kernel has had `seconds_per_kernel`."""
     scope = Scope(device, target.name, engine(), fam.name)
+    cal = calibration(target.name)
     clock = [0.0]
     results, timed_now, reused = [], 0, 0
     unbuilt: dict[str, str] = {}
@@ -148,7 +151,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         progress(f"kernel {i + 1} of {len(kernels)}: {c.shape.name}")
         space = propose(c.shape, fam, target)
         work = Work(c.bytes, c.flops, max(1, c.shape.outputs))
-        sight = foresee(work, space.legal, target)
+        sight = foresee(work, space.legal, target, cal)
         default_us, was_recorded = _measure(c, None, scope, ledger, clock)
         if isinstance(default_us, str):   # tinygrad's own build failed: nothing to compare against
             unbuilt[c.shape.name] = default_us
@@ -157,7 +160,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         if not was_recorded:
             _record(ledger, c, "default", scope, default_us, None)
         r = KernelResult(c.shape.key, c.shape.name, c.launches, c.bytes / target.bandwidth * 1e6, space,
-                         len(sight.rejected), len(sight.ordered), Timed({}, None, default_us, was_recorded))
+                         len(sight.rejected), len(sight.ordered), Timed({}, None, default_us, was_recorded), work=work)
         started = clock[0]
         for setting, pred in sight.ordered[:budget]:
             if clock[0] - started > seconds_per_kernel:
@@ -180,7 +183,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         Choice(r.key, r.name, r.choice.setting, opts_of(r.choice.setting, next(c.shape for c in kernels if c.shape.key == r.key)),
                r.choice.measured_us, r.default.measured_us, r.choice.predicted.us if r.choice.predicted else None)
         for r in results if r.choice])
-    return Search(results, route, clock[0], timed_now, reused, unbuilt)
+    return Search(results, route, clock[0], timed_now, reused, unbuilt, cal)
 
 
 def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:
@@ -211,14 +214,10 @@ def spearman_by_kind(result: Search) -> dict[str, tuple[float | None, int]]:
     return out
 
 
-def spearman_within_kernels(result: Search) -> tuple[float | None, int]:
-    """The median over kernels (with at least 3 timed settings) of the rank correlation between
-    FutureSight's order and the measured times of one kernel's settings: how well it orders what it
-    is asked to order. (median or None, kernels)."""
-    from scipy.stats import spearmanr
-    rhos = []
-    for r in result.kernels:
-        pairs = [(t.predicted.us, t.measured_us) for t in r.timed if t.predicted]
-        if len(pairs) >= 3 and len({p for p, _ in pairs}) > 1 and len({m for _, m in pairs}) > 1:
-            rhos.append(float(spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic))
-    return (median(rhos) if rhos else None), len(rhos)
+def points(result: Search) -> list[Point]:
+    return [Point(r.key, r.work, t.setting, t.measured_us) for r in result.kernels if r.work for t in r.timed]
+
+
+def spearman_within_kernels(result: Search, target: Target) -> tuple[float | None, int]:
+    """How well FutureSight ordered each kernel's timed settings: the median over kernels of Spearman."""
+    return within_spearman(points(result), target, result.calibration)

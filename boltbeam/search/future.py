@@ -15,17 +15,49 @@ A fact the target does not declare leaves its term out (no latency: no Little's 
 multiprocessors: no tail), and the prediction says which terms it used. A setting whose
 prediction is over REJECT_RATIO times the kernel's best is rejected with that reason; the rest are
 ordered fastest first. Predictions are compared with measurements by rank (Spearman), never trusted
-as times.
+as times. Its constants (bytes in flight per thread, whether unrolling adds loads in flight) are data:
+data/futuresight.toml per target, fitted to measured settings by `fit` (`boltbeam search-calibrate`);
+a target without an entry gets the physical defaults.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
+from statistics import median
 
 from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput
 
 REJECT_RATIO = 4.0
-LOAD_BYTES = 16     # one wide load in flight per thread and unrolled step
+LOAD_BYTES = 16     # the default: one wide load in flight per thread and unrolled step
+# What `fit` tries: bytes in flight per thread, and whether unrolled steps add to it.
+FIT_BYTES = (4, 8, 16, 32, 64, 128)
+FIT_UNROLL = (True, False)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    bytes_in_flight_per_thread: int = LOAD_BYTES
+    unroll_adds_in_flight: bool = True
+
+
+def calibration(target_name: str, text: str | None = None) -> Calibration:
+    """The target's fitted constants from data/futuresight.toml (or `text`); the defaults without an entry."""
+    text = text if text is not None else resources.files("boltbeam.data").joinpath("futuresight.toml").read_text()
+    try:
+        entry = tomllib.loads(text).get(target_name)
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"futuresight.toml: not valid TOML ({e})") from None
+    if entry is None:
+        return Calibration()
+    b, u = entry.get("bytes_in_flight_per_thread"), entry.get("unroll_adds_in_flight")
+    if not isinstance(b, int) or isinstance(b, bool) or b < 1 or u not in (0, 1):
+        raise BadInput(f"futuresight.toml: {target_name} needs bytes_in_flight_per_thread >= 1 and "
+                       f"unroll_adds_in_flight 0 or 1")
+    return Calibration(b, bool(u))
 
 
 @dataclass(frozen=True)
@@ -45,7 +77,7 @@ class Prediction:
     terms: list[str] = field(default_factory=list)   # the terms the target's facts allowed
 
 
-def predict(work: Work, setting: dict[str, int], target: Target) -> Prediction:
+def predict(work: Work, setting: dict[str, int], target: Target, cal: Calibration = Calibration()) -> Prediction:
     upcast, unroll = setting.get("upcast", 1), setting.get("unroll", 1)
     local, group = setting.get("local", 1), setting.get("group", 1)
     threads = max(1, work.outputs // upcast) * group
@@ -64,7 +96,8 @@ def predict(work: Work, setting: dict[str, int], target: Target) -> Prediction:
     resident = threads if fit is None else min(threads, int(sms * fit * per_group))
     latency = target.fact("memory_latency")
     if latency:
-        bandwidth = min(bandwidth, resident * LOAD_BYTES * unroll / latency)
+        per_thread = cal.bytes_in_flight_per_thread * (unroll if cal.unroll_adds_in_flight else 1)
+        bandwidth = min(bandwidth, resident * per_thread / latency)
         terms.append("little's law")
     memory_us = work.bytes / bandwidth * 1e6
     peak = target.fact("peak_fp32")
@@ -89,9 +122,9 @@ class Sight:
     rejected: list[tuple[dict[str, int], Prediction, str]]
 
 
-def foresee(work: Work, settings: list[dict[str, int]], target: Target) -> Sight:
+def foresee(work: Work, settings: list[dict[str, int]], target: Target, cal: Calibration = Calibration()) -> Sight:
     """Order the legal settings by prediction; reject those far slower than the best prediction."""
-    scored = sorted(((s, predict(work, s, target)) for s in settings), key=lambda x: x[1].us)
+    scored = sorted(((s, predict(work, s, target, cal)) for s in settings), key=lambda x: x[1].us)
     if not scored:
         return Sight([], [])
     best = scored[0][1].us
@@ -99,3 +132,40 @@ def foresee(work: Work, settings: list[dict[str, int]], target: Target) -> Sight
     out = [(s, p, f"predicted {p.us:,.3g} µs, over {REJECT_RATIO:g}x the best prediction ({best:,.3g} µs)")
            for s, p in scored if p.us > REJECT_RATIO * best]
     return Sight(keep, out)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured setting of one kernel: what calibration and its check are made of."""
+    kernel: str
+    work: Work
+    setting: dict[str, int]
+    measured_us: float
+
+
+def within_spearman(points: list[Point], target: Target, cal: Calibration) -> tuple[float | None, int]:
+    """The median over kernels (at least 3 distinct predictions and times each) of the rank correlation
+    between prediction and measurement within one kernel: how well FutureSight orders what it is asked
+    to order. (median or None, kernels counted)."""
+    from scipy.stats import spearmanr
+    by_kernel: dict[str, list[Point]] = {}
+    for p in points:
+        by_kernel.setdefault(p.kernel, []).append(p)
+    rhos = []
+    for pts in by_kernel.values():
+        x = [predict(p.work, p.setting, target, cal).us for p in pts]
+        y = [p.measured_us for p in pts]
+        if len(pts) >= 3 and len(set(x)) > 1 and len(set(y)) > 1:
+            rhos.append(float(spearmanr(x, y).statistic))
+    return (median(rhos) if rhos else None), len(rhos)
+
+
+def fit(points: list[Point], target: Target) -> tuple[Calibration, float | None]:
+    """The constants, of FIT_BYTES x FIT_UNROLL, that order the measured settings best within each kernel."""
+    scored = [(within_spearman(points, target, c)[0], c) for c in
+              (Calibration(b, u) for b, u in itertools.product(FIT_BYTES, FIT_UNROLL))]
+    scored = [(rho, c) for rho, c in scored if rho is not None]
+    if not scored:
+        raise BadInput("no kernel has 3 measured settings with distinct times: nothing to fit")
+    rho, cal = max(scored, key=lambda x: x[0])
+    return cal, rho
