@@ -31,15 +31,37 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
         raise BadInput(f"{what} {p}: not valid JSON ({e.__class__.__name__}: {e})") from None
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary file beside `path`, renamed onto it when the block ends and removed if it fails:
-    a reader never sees half a file, and a failed write leaves nothing behind."""
+def replaceable(path: str | os.PathLike) -> Path:
+    """The path, when a new file may take its place: nothing there yet, or a regular file."""
     p = Path(path)
     if p.is_dir():
         raise BadInput(f"{p} is a folder, not a file to write")
     if p.is_symlink() or (p.exists() and not p.is_file()):
         raise BadInput(f"{p} is not a regular file (a link, a device, a pipe): left untouched")
+    return p
+
+
+def writable_dir(path: str) -> Path:
+    """An output folder, made if missing; one clear line when it cannot be."""
+    if not str(path).strip():
+        raise BadInput("the output folder is empty: name one")
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise BadInput(f"--out {d}: exists and is not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"--out {d}: cannot make the folder ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise BadInput(f"--out {d}: not writable")
+    return d
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file beside `path`, renamed onto it when the block ends and removed if it fails:
+    a reader never sees half a file, and a failed write leaves nothing behind."""
+    p = replaceable(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)

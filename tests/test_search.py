@@ -26,21 +26,22 @@ from boltbeam.judge.verdicts import DIAGNOSTIC, SEARCH_SPACE_INCOMPLETE, VERDICT
 from boltbeam.ledger.store import Ledger
 from boltbeam.measure import trace as tracefile
 from boltbeam.search.future import REJECT_RATIO, Work, foresee, predict
-from boltbeam.search.space import KernelShape, families, propose, searchable
+from boltbeam.search.space import SPLITS, WHICH, KernelShape, families, propose, searchable
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
 H200 = get_target("h200")
 HOST = get_target("host-like", [CPU_TARGETS])
-FAM = searchable("tinygrad_opts")
-SHAPE = KernelShape("k0", "r_256_1024", output=256, reduce=1024, outputs=256,
-                    output_axis=0, reduce_axis=0, unroll_axis=0)
+FAM_ALL = searchable("tinygrad_opts")
+# The family's splits alone (every reduction split on the longest axis): the arithmetic below is theirs.
+FAM = dataclasses.replace(FAM_ALL, parameters={p: v for p, v in FAM_ALL.parameters.items() if p in SPLITS})
+SHAPE = KernelShape("k0", "r_256_1024", output=256, reduce=1024, outputs=256, output_axis=0)
 NO_THREADS = "the target declares no max_threads_per_group"
 OUTPUTS = ["baseline.json", "candidate.json", "route.json", "search.json"]
 
 
 def only(fam, **values):
-    """The family with one value per parameter (1 unless given): a space of exactly one setting."""
-    return dataclasses.replace(fam, parameters={p: (values.get(p, 1),) for p in fam.parameters})
+    """The family with one value per parameter (1, or 0 for an axis choice, unless given): one setting."""
+    return dataclasses.replace(fam, parameters={p: (values.get(p, 0 if p in WHICH else 1),) for p in fam.parameters})
 
 
 def reason_of(shape=SHAPE, target=H200, fam=FAM, **setting) -> str | None:
@@ -119,7 +120,7 @@ constants = { four = 4 }
 
 def test_bubblebeam_on_h200_lists_exactly_the_settings_the_facts_allow():
     space = propose(SHAPE, FAM, H200)
-    assert space.size == math.prod(len(v) for v in FAM.parameters.values()) == 8 * 8 * 4 * 5
+    assert space.size == math.prod(len(v) for v in FAM.parameters.values()) == 8 * 9 * 4 * 5
     threads, lmem = H200.fact("max_threads_per_group"), H200.fact("local_memory_per_group")
     regs = H200.fact("registers_per_thread")
 
@@ -146,7 +147,37 @@ def test_bubblebeam_on_a_target_without_thread_groups():
     assert space.legal == [s for s in shaped if (s["local"], s["group"]) == (1, 1)
                            and s["upcast"] * s["unroll"] * 2 <= regs]
     assert len(space.legal) == 10
-    assert len(space.legal) + sum(space.rejected.values()) == 1280
+    assert len(space.legal) + sum(space.rejected.values()) == 1440
+
+
+def test_reduction_splits_choose_their_axis():
+    """group_axis / unroll_axis pick the k-th longest reduction axis; each split must divide its own."""
+    shape = KernelShape("k1", "r", output=256, reduce=48, outputs=256, output_axis=0, reduces=(48, 2, 32))
+    assert reason_of(shape, fam=FAM_ALL, group=16) is None                          # 16 into 48, the longest
+    assert reason_of(shape, fam=FAM_ALL, group=32) == "does not divide the reduce axis"
+    assert reason_of(shape, fam=FAM_ALL, group=32, group_axis=1) is None            # the second longest: 32
+    assert reason_of(shape, fam=FAM_ALL, group=16, group_axis=1, unroll=16, unroll_axis=1) \
+        == "does not divide the reduce axis"                                         # 16 x 16 into 32
+    assert reason_of(shape, fam=FAM_ALL, group=16, group_axis=1, unroll=16) is None  # different axes
+    assert reason_of(shape, fam=FAM_ALL, group=2, group_axis=2) is None              # the length-2 axis
+    assert reason_of(shape, fam=FAM_ALL, group=4, group_axis=2) == "does not divide the reduce axis"
+    assert reason_of(shape, fam=FAM_ALL, group_axis=1) == "an axis chosen for no split (the same as the first)"
+    short = dataclasses.replace(shape, reduces=(48,))
+    assert reason_of(short, fam=FAM_ALL, group=4, group_axis=1) == "no such reduce axis"
+
+
+def test_opts_name_the_axis_tinygrad_numbers():
+    """REDUCE-order places: unroll first; when it takes its whole axis, a later group's place moves up."""
+    from boltbeam.search.compiler import opts_of
+    shape = KernelShape("k1", "r", output=256, reduce=48, outputs=256, output_axis=3, reduces=(2, 48, 32))
+    ops = lambda **st: [(o.op, o.axis, o.arg) for o in opts_of({"local": 1, "group": 1, "upcast": 1, "unroll": 1,
+                                                                 "group_axis": 0, "unroll_axis": 0, **st}, shape)]
+    assert ops(group=16) == [("GROUPTOP", 1, 16)]                              # the longest is second in order
+    assert ops(group=16, group_axis=1) == [("GROUPTOP", 2, 16)]
+    assert ops(unroll=2, unroll_axis=2, group=16) == [("UNROLL", 0, 2), ("GROUPTOP", 0, 16)]   # axis 0 gone
+    assert ops(unroll=2, unroll_axis=2, group=8, group_axis=1) == [("UNROLL", 0, 2), ("GROUPTOP", 1, 8)]
+    assert ops(unroll=4, group=4, local=2, upcast=2) == [("UNROLL", 1, 4), ("LOCAL", 3, 2), ("UPCAST", 3, 2),
+                                                          ("GROUPTOP", 1, 4)]
 
 
 # --- families ------------------------------------------------------------------------------------
@@ -244,7 +275,8 @@ from boltbeam.search.compiler import build, capture, opts_of
 from boltbeam.search.space import propose, searchable
 
 model, targets = sys.argv[1], sys.argv[2]
-kernels = capture(model, "CPU", 8)
+from boltbeam.read.census import take_census
+kernels = capture(model, take_census(model), "CPU", 8)
 fam, target = searchable("tinygrad_opts"), get_target("host-like", [targets])
 
 def applied(prg):
@@ -269,6 +301,42 @@ for c in reductions + elementwise:
                            "default": default if isinstance(default, str) else [str(o) for o in default.src[0].arg.applied_opts],
                            "default_opts": c.default_opts,
                            "local": local if isinstance(local, str) else "built"})
+
+# The GPU path on this CPU: the same kernels' shapes as tinygrad's CUDA scheduler sees them (a CUDA
+# renderer that never compiles), BubbleBeam's legal settings on the h200's facts, every axis choice
+# included, applied through tinygrad's own opt checks.
+import random
+from dataclasses import replace
+import tinygrad.codegen as codegen
+from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, tc
+from tinygrad.helpers import Target
+from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
+from boltbeam.search.compiler import _shape
+cuda = CUDARenderer.__new__(CUDARenderer)
+CStyleLanguage.__init__(cuda, Target("CUDA", "", "sm_90"))
+cuda.tensor_cores = tc.get_cuda("sm_90")
+h200, sinks, orig = get_target("h200"), [], codegen.apply_opts
+def seen(sink, ren, beam=0):
+    sinks.append(sink)
+    return orig(sink, ren, beam=beam)
+gpu = {"checked": 0, "axis_choices": 0, "refused": []}
+for c in reductions:
+    sinks.clear(); codegen.apply_opts = seen
+    codegen.full_rewrite_to_sink(c.ast, cuda)
+    codegen.apply_opts = orig
+    shape = _shape(sinks[0], cuda, c.shape.key, c.shape.name)
+    legal = propose(shape, fam, h200).legal
+    rng = random.Random(0)
+    chosen = [s for s in legal if s["group_axis"] or s["unroll_axis"]]
+    for s in rng.sample(chosen, min(10, len(chosen))) + rng.sample(legal, min(10, len(legal))):
+        opts = tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in opts_of(s, shape))
+        gpu["checked"] += 1
+        gpu["axis_choices"] += bool(s["group_axis"] or s["unroll_axis"])
+        try:
+            codegen.full_rewrite_to_sink(c.ast.replace(arg=replace(c.ast.arg, opts_to_apply=opts)), cuda)
+        except KernelOptError as e:
+            gpu["refused"].append([s, str(e)[:200]])
+out["gpu"] = gpu
 print(json.dumps(out))
 '''
 
@@ -347,6 +415,14 @@ def test_every_legal_setting_builds_and_tinygrad_refuses_locals_on_cpu(kernels, 
     assert any(b["setting"]["upcast"] > 1 for c in checked for b in c["built"])
 
 
+def test_every_legal_gpu_setting_passes_tinygrads_own_checks(kernels):
+    """On the h200's facts, settings with thread groups and every axis choice, through tinygrad's CUDA
+    scheduler (rendered here, never compiled): BubbleBeam's legal is tinygrad's legal."""
+    gpu = kernels["gpu"]
+    assert gpu["checked"] >= 20 and gpu["axis_choices"] >= 10
+    assert gpu["refused"] == []
+
+
 @pytest.fixture(scope="module")
 def first(runs):
     return json.loads(_ok(runs.first).stdout)
@@ -366,7 +442,8 @@ def test_first_search_writes_its_files_and_judges(runs, first):
     assert len(per) == first["kernels"] and first["refused_by_compiler"] == 0
     assert first["timed_now"] == sum(k["timed"] + 1 for k in per)
     assert all(k["timed"] == min(2, k["survivors"]) for k in per)
-    assert all(k["survivors"] <= k["legal"] <= k["settings"] == 1280 for k in per)
+    assert all(k["survivors"] <= k["legal"] <= k["settings"] == math.prod(map(len, FAM_ALL.parameters.values()))
+               for k in per)
     sp = first["space"]
     assert sp["settings"] == sum(k["settings"] for k in per) == sum(sp["rejected_by_reason"].values()) + sp["legal"]
     assert sp["rejected_by_reason"][NO_THREADS] > 0 and sp["survivors"] + sp["foreseen_out"] == sp["legal"]

@@ -42,7 +42,7 @@ class Rate:
 @dataclass(frozen=True)
 class WhatIf:
     label: str          # the account line's label
-    saves_us: float     # the line's time above its floor
+    saves_us: float     # the line's time above its floor (no more than the token's above its own)
     at_floor: Rate      # the token if that line sat at its floor
 
 
@@ -76,7 +76,10 @@ def price_of(target: Target, override: float | None) -> Price | None:
 
 def returns(acc: Account, price: Price | None) -> Returns:
     # Never faster than the token's floor: a line inflated past the wall saves at most the rest.
-    whatifs = [WhatIf(line.label, line.us, Rate.of(max(acc.wall_us - line.us, acc.floor_us), price))
-               for line in acc.lines if line.kind in REMOVABLE_KINDS and line.us > 0]
+    whatifs = []
+    for line in acc.lines:
+        if line.kind in REMOVABLE_KINDS and line.us > 0:
+            token = max(acc.wall_us - line.us, acc.floor_us)
+            whatifs.append(WhatIf(line.label, acc.wall_us - token, Rate.of(token, price)))
     return Returns(price, Rate.of(acc.wall_us, price), Rate.of(acc.floor_us, price),
                    sorted(whatifs, key=lambda w: -w.saves_us))

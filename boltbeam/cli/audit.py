@@ -3,7 +3,6 @@ and `boltbeam report` (the page from a trace already taken)."""
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -72,19 +71,6 @@ class _Inputs:
         self.funnel = load_funnel(args.search) if args.search else None
 
 
-def writable_dir(path: str) -> Path:
-    d = Path(path)
-    if d.exists() and not d.is_dir():
-        raise BadInput(f"--out {d}: exists and is not a folder")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"--out {d}: cannot make the folder ({e.strerror or e})") from None
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise BadInput(f"--out {d}: not writable")
-    return d
-
-
 def run_audit(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
@@ -93,14 +79,15 @@ def run_audit(args: argparse.Namespace) -> int:
     from boltbeam.cli.measure import profile_trace
     from boltbeam.cli.read import resolve_model
     from boltbeam.measure import trace as tracefile
+    from boltbeam.files import writable_dir
     from boltbeam.read.census import take_census
     if args.trace is None and args.device is None:
         raise BadInput("audit needs --device to profile (or --trace to audit a trace already taken)")
     model = resolve_model(args)
-    out = writable_dir(args.out)
     given = tracefile.load(args.trace) if args.trace else None
     context = given.workload.get("context", args.context) if given else args.context
     inputs = _Inputs(args, context)
+    out = writable_dir(args.out)
     started = time.monotonic()
     steps = Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
                      console=report.console(), transient=True)
@@ -128,7 +115,7 @@ def run_audit(args: argparse.Namespace) -> int:
 def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profiled: bool):
     """Assemble the audit and write its files, each whole or not at all; nothing is written until all
     of them are made."""
-    from boltbeam.files import write_atomic, write_json
+    from boltbeam.files import replaceable, write_atomic, write_json
     from boltbeam.measure import trace as tracefile
     from boltbeam.report.audit import assemble
     from boltbeam.report.page import render
@@ -137,6 +124,8 @@ def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profil
     html = _checked_size(render(audit))
     acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
                "returns": audit.returns.to_dict() if audit.returns else None}
+    for name in OUTPUTS:   # every file can be written before any is: all or nothing
+        replaceable(out / name)
     if profiled:
         tracefile.save(trace, out / "trace.json")
     if audit.account:

@@ -51,14 +51,14 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
 
 def _route_of(args: argparse.Namespace, model: str):
     """(path, route) to run, checked against this model and compiler; None when off."""
-    from importlib.metadata import version
-
     from boltbeam.files import sha256_file
     from boltbeam.measure import route as routes
+    from boltbeam.read.census import take_census
     if routes.switched_off(args.route):
         return None
     r = routes.load(args.route)
-    routes.check_applies(r, None if args.no_hash else sha256_file(model), f"tinygrad {version('tinygrad')}", args.route)
+    take_census(model)   # a model that is missing or no GGUF is one line here, before it is hashed
+    routes.check_applies(r, None if args.no_hash else sha256_file(model), routes.engine(), args.route)
     return args.route, r
 
 

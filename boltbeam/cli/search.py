@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from boltbeam.bound.targets import get_target
-    from boltbeam.cli.audit import writable_dir
     from boltbeam.cli.read import resolve_model
-    from boltbeam.files import sha256_file, write_json
+    from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
+    from boltbeam.read.census import take_census
     from boltbeam.search.space import searchable
     if args.budget < 1 or args.tokens < 5 or args.context < 0 or not args.seconds_per_kernel > 0:
         raise BadInput("need --budget >= 1, --seconds-per-kernel > 0, --tokens >= 5 (the judge's minimum) "
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     fam = searchable(args.family)
     _facts_needed(fam, target)
+    census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
     sha = sha256_file(model)
     started = time.monotonic()
     os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                       console=report.console(), transient=True) as bar:
             task = bar.add_task("capturing the decode token's kernels", total=None)
             say = lambda what: bar.update(task, description=escape(what))
-            kernels = capture(model, args.device, args.context, say)
+            kernels = capture(model, census, args.device, args.context, say)
             result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
             routes.save(result.route, out / "route.json")
             judgement = None
@@ -178,6 +179,7 @@ def _summary(result, judgement, seconds: float, out: Path, target) -> dict[str, 
 
 
 def _print(s: dict[str, Any]) -> None:
+    from boltbeam.search.decide import INCOMPLETE_RATIO
     c = report.console()
     rows = [(k["name"], k["launches"], f"{k['legal']}/{k['settings']}", k["survivors"], k["timed"],
              f"{k['default_us']:,.2f}", f"{k['best_us']:,.2f}", f"{k['floor_us']:,.3f}",
@@ -203,7 +205,8 @@ def _print(s: dict[str, Any]) -> None:
     for name, why in s["unbuilt"].items():
         c.print(f"not searched: {escape(name)}: tinygrad's own build of it failed ({escape(why)})")
     if s["search_space_incomplete"]:
-        c.print(f"search-space-incomplete: {len(s['search_space_incomplete'])} kernel(s) stay over 5x their floor "
+        c.print(f"search-space-incomplete: {len(s['search_space_incomplete'])} kernel(s) stay over "
+                f"{INCOMPLETE_RATIO:g}x their floor "
                 f"with every survivor timed")
     if (j := s["judgement"]) is not None:
         c.print(f"whole token: {j['verdict']}")
@@ -212,28 +215,35 @@ def _print(s: dict[str, Any]) -> None:
 
 
 def _points(summary_path: str, ledger_path: str, target):
-    """The measured settings of one search: its summary gives each kernel's work, its ledger the times."""
+    """The measured settings of one search on this target: its summary gives each kernel's work, its
+    ledger the times (entries of other targets, and anything that is not a time, are left out)."""
     from boltbeam.files import load_json
     from boltbeam.ledger.store import Ledger
+    from boltbeam.search.decide import measured_us, parse_setting
     from boltbeam.search.future import Point, Work
     doc = load_json(summary_path, "search summary")
+
+    def count(x) -> int:
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x < 1e18:
+            raise ValueError(f"{x!r} is not a positive count")
+        return int(x)
     try:
-        work = {k["name"]: Work(int(k.get("bytes") or k["floor_us"] * target.bandwidth / 1e6), int(k.get("flops") or 0),
-                                max(1, int(k["outputs"]))) for k in doc["per_kernel"]}
-    except (KeyError, TypeError, ValueError) as e:
+        work = {str(k["kernel"]): Work(count(k.get("bytes") or k["floor_us"] * target.bandwidth / 1e6),
+                                       count(k["flops"]) if k.get("flops") else 0, count(k["outputs"]))
+                for k in doc["per_kernel"]}
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise BadInput(f"search summary {summary_path}: per_kernel lacks what calibration needs ({e})") from None
     out = []
     with Ledger(ledger_path, create=False) as ledger:
         for e in ledger.entries():
             sc = e.scope
-            if sc.get("kernel_name") in work and "measured_us" in sc and sc.get("setting") not in ("default", "space"):
-                try:
-                    setting = {k: int(v) for k, v in (kv.split("=") for kv in str(sc["setting"]).split(","))}
-                except ValueError:
-                    continue
-                out.append(Point(sc["kernel_name"], work[sc["kernel_name"]], setting, float(sc["measured_us"])))
+            if sc.get("target") != target.name or sc.get("kernel") not in work:
+                continue
+            setting, us = parse_setting(sc.get("setting")), measured_us(sc)
+            if setting is not None and us is not None:
+                out.append(Point(sc["kernel"], work[sc["kernel"]], setting, us))
     if not out:
-        raise BadInput(f"ledger {ledger_path}: no timed setting of the kernels in {summary_path}")
+        raise BadInput(f"ledger {ledger_path}: no timed setting on {target.name} of the kernels in {summary_path}")
     return out
 
 

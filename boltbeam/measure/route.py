@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -58,6 +59,12 @@ class Route:
         return {c.kernel: tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in c.opts) for c in self.choices}
 
 
+def engine() -> str:
+    """The compiler a route holds for."""
+    from importlib.metadata import version
+    return f"tinygrad {version('tinygrad')}"
+
+
 def kernel_key(ast) -> str:
     """A kernel's identity: its AST without the compiler's per-run annotations (name, beam, opts)."""
     return ast.replace(arg=None).key.hex()[:24]
@@ -81,6 +88,9 @@ def load(path: str) -> Route:
                       str(d["provenance"]), choices)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{where}: malformed ({type(e).__name__}: {e})") from None
+    sha = route.model_sha256
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise BadInput(f"{where}: model_sha256 must be 64 hex digits or null")
     if route.provenance not in PROVENANCES[:2]:
         raise BadInput(f"{where}: provenance {route.provenance!r} may not ship (only {' or '.join(PROVENANCES[:2])})")
     for c in route.choices:
@@ -107,6 +117,12 @@ def switched_off(route_arg: str | None) -> bool:
     return route_arg in (None, "none") or os.environ.get(SWITCH, "").lower() == "none"
 
 
+def with_opts(ast, opts: tuple):
+    """The kernel's AST told to take these opts (tinygrad's own mechanism), never its heuristics or BEAM."""
+    from dataclasses import replace
+    return ast.replace(arg=replace(ast.arg, opts_to_apply=tuple(opts), beam=0))
+
+
 @dataclass
 class Applied:
     """Which routed kernels tinygrad compiled with the route's opts: the intended route ran."""
@@ -121,12 +137,11 @@ def apply(path: str) -> Iterator[Applied]:
             ...   # run the model; applied.kernels: the routed kernels compiled with the route's opts
 
     Off when `path` is "none" or BOLTBEAM_ROUTE=none; a route made with another tinygrad is refused."""
-    from importlib.metadata import version
     if switched_off(path):
         yield Applied()
         return
     route = load(path)
-    check_applies(route, None, f"tinygrad {version('tinygrad')}", path)
+    check_applies(route, None, engine(), path)
     with install(route.opts_by_kernel()) as applied:
         yield applied
 
@@ -134,16 +149,14 @@ def apply(path: str) -> Iterator[Applied]:
 @contextlib.contextmanager
 def install(opts_by_kernel: dict[str, tuple]) -> Iterator[Applied]:
     """While installed, every kernel tinygrad compiles whose key the route names gets its opts."""
-    from dataclasses import replace
-
     from tinygrad.engine import realize
     orig = realize.to_program
     applied = Applied()
 
     def to_program(ast, renderer):
-        if ast.arg is not None and (opts := opts_by_kernel.get(kernel_key(ast))) is not None:
-            ast = ast.replace(arg=replace(ast.arg, opts_to_apply=opts, beam=0))
-            applied.kernels.add(kernel_key(ast))
+        if ast.arg is not None and (opts := opts_by_kernel.get(key := kernel_key(ast))) is not None:
+            ast = with_opts(ast, opts)
+            applied.kernels.add(key)
         return orig(ast, renderer)
 
     realize.to_program = to_program

@@ -48,7 +48,7 @@ class Funnel:
 
 
 def _count(x: Any, what: str, where: str) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < 10**15:
         raise BadInput(f"{where}: {what} must be a count, not {x!r}")
     return x
 
@@ -63,12 +63,15 @@ def load_funnel(path: str) -> Funnel:
     reasons = sp.get("rejected_by_reason", {})
     if not isinstance(reasons, dict):
         raise BadInput(f"{where}: rejected_by_reason must be an object")
-    return Funnel(path, _count(sp.get("settings"), "settings", where), _count(sp.get("legal"), "legal", where),
-                  _count(sp.get("survivors"), "survivors", where),
-                  _count(d.get("timed_now", 0), "timed_now", where) + _count(d.get("reused_from_ledger", 0),
-                                                                             "reused_from_ledger", where),
-                  _count(d.get("routed_kernels"), "routed_kernels", where),
-                  {str(k): _count(v, "a rejection count", where) for k, v in reasons.items()})
+    f = Funnel(path, _count(sp.get("settings"), "settings", where), _count(sp.get("legal"), "legal", where),
+               _count(sp.get("survivors"), "survivors", where),
+               _count(d.get("timed_now", 0), "timed_now", where) + _count(d.get("reused_from_ledger", 0),
+                                                                          "reused_from_ledger", where),
+               _count(d.get("routed_kernels"), "routed_kernels", where),
+               {str(k): _count(v, "a rejection count", where) for k, v in reasons.items()})
+    if not f.settings >= f.legal >= f.survivors:
+        raise BadInput(f"{where}: the space must narrow (settings >= legal >= survivors)")
+    return f
 
 
 @dataclass
@@ -124,14 +127,14 @@ def load_other(path: str, context: int | None) -> Trace:
 
 def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: Bound, price: Price | None,
              others: list[tuple[str, Trace]] = (), ledger: tuple[str, list[Entry]] | None = None,
-             load_bytes: int = 16, funnel: Funnel | None = None) -> Audit:
+             funnel: Funnel | None = None) -> Audit:
     """The audit of `trace` against its bound; comparisons with each of `others` (path, trace) and the
     ledger's (path, entries), both read with load_other and read_ledger before any long step."""
     if not trace.token_wall_us:
         raise BadInput(f"trace {trace_path}: no plain token walls: nothing to audit")
     acc, why = None, None
     try:
-        acc = account(trace, bound, target, load_bytes=load_bytes)
+        acc = account(trace, bound, target)
     except Refused as e:   # whole-token figures only: the page still draws the rest
         why = str(e)
     compared = [Compared(path, compare(trace, other, bound)) for path, other in others]

@@ -5,7 +5,6 @@ rendered by Jinja2 with autoescaping on: every name, path and reason is text, ne
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ import jinja2
 
 from boltbeam import __version__
 from boltbeam.account.compare import label as trace_label
-from boltbeam.files import write_atomic
 from boltbeam.measure.trace import TIMINGS
 from boltbeam.report import charts, fmt_bytes
 from boltbeam.report.audit import Audit
@@ -129,10 +127,3 @@ def render(audit: Audit) -> str:
         charts=_charts(audit), ledger_path=audit.ledger_path, ledger=audit.ledger, version=__version__,
         trace_path=audit.trace_path, source=audit.trace.provenance.get("source", "unknown source"),
         environment=env_text, notes=audit.bound.notes)
-
-
-def write_report(audit: Audit, path: str | os.PathLike) -> int:
-    """Write the page atomically; returns its size in bytes."""
-    html = render(audit)
-    write_atomic(path, html)
-    return len(html.encode())

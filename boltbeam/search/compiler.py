@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from boltbeam.errors import BadInput
-from boltbeam.measure.route import RoutedOpt, kernel_key
-from boltbeam.search.space import KernelShape
+from boltbeam.measure.tinygrad_run import ANSI
+from boltbeam.measure.route import RoutedOpt, kernel_key, with_opts
+from boltbeam.search.space import KernelShape, reduce_splits
 
 # The order opts are applied in: unroll the reduction, then the output's threads and outputs per
 # thread, then the group (whose local-memory check then counts the local and upcast it multiplies).
@@ -49,10 +50,10 @@ def _shape(sink, renderer, key: str, name: str) -> KernelShape:
     out = longest(k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
     red = longest(k.axes_of(AxisType.REDUCE))
     outputs = math.prod(max(1, lengths[i]) for i in k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
+    # Every reduction axis longer than 1 (a symbolic one counts 0: never split), in tinygrad's order.
+    reduces = tuple(lengths[i] for i in k.axes_of(AxisType.REDUCE))
     return KernelShape(key, name, None if out is None else lengths[out], None if red is None else lengths[red],
-                       outputs=outputs,
-                       output_axis=out, reduce_axis=None if red is None else k.axes_of(AxisType.REDUCE).index(red),
-                       unroll_axis=None if red is None else k.unrollable_dims.index(red))
+                       outputs=outputs, output_axis=out, reduces=reduces)
 
 
 @contextlib.contextmanager
@@ -84,7 +85,8 @@ def _hooks(sources: dict, shapes: dict):
         realize.to_program, codegen.apply_opts = orig_prog, orig_apply
 
 
-def capture(model: str, device: str, context: int, progress: Callable[[str], None] = lambda s: None) -> list[Captured]:
+def capture(model: str, census, device: str, context: int,
+            progress: Callable[[str], None] = lambda s: None) -> list[Captured]:
     """The distinct kernels of one decode token of `model` on `device`, with their launches per token."""
     from tinygrad import Context
     from tinygrad.engine import realize
@@ -92,8 +94,6 @@ def capture(model: str, device: str, context: int, progress: Callable[[str], Non
     from tinygrad.uop.ops import Ops
 
     from boltbeam.measure.tinygrad_run import prompt_tokens
-    from boltbeam.read.census import take_census
-    census = take_census(model)
     sources: dict = {}
     shapes: dict = {}
     with _hooks(sources, shapes):
@@ -129,7 +129,7 @@ def capture(model: str, device: str, context: int, progress: Callable[[str], Non
         est = info.estimates
         var_vals = _mid_vals(ast)
         sink, sren = shapes[key]
-        by_kernel[key] = Captured(_shape(sink, sren, key, _plain(info.name)), ast, ren, n,
+        by_kernel[key] = Captured(_shape(sink, sren, key, ANSI.sub("", info.name)), ast, ren, n,
                                   int(sym_infer(est.mem, var_vals)) if est else 0,
                                   int(sym_infer(est.ops, var_vals)) if est else 0,
                                   [str(o) for o in info.applied_opts])
@@ -142,11 +142,6 @@ def _program(pkey, sources):
     return realize.to_program(ast, ren)
 
 
-def _plain(name: str) -> str:
-    import re
-    return re.sub(r"\x1b\[[0-9;]*m", "", name)
-
-
 def _mid_vals(ast) -> dict[str, int]:
     """Symbolic sizes (the KV position) at the middle of their range, as tinygrad's own search times them."""
     return {v.expr: int(v.vmax + v.vmin) // 2 for v in ast.variables()}
@@ -155,20 +150,24 @@ def _mid_vals(ast) -> dict[str, int]:
 def opts_of(setting: dict[str, int], shape: KernelShape) -> list[RoutedOpt]:
     """A family setting as tinygrad opts, in ORDER; a value of 1 is no opt."""
     # tinygrad numbers an opt's axis per kind: LOCAL and UPCAST among all axes, GROUPTOP among the
-    # reductions, UNROLL among the reductions longer than 1. Unroll goes first, so neither moves.
-    axis = {"local": shape.output_axis, "upcast": shape.output_axis, "group": shape.reduce_axis,
-            "unroll": shape.unroll_axis}
+    # reductions, UNROLL among the reductions of a known length over 1. Unroll goes first; when it takes
+    # its whole axis, that axis is gone and a group on a later one moves up one place.
+    placed = reduce_splits(setting, shape)
+    assert isinstance(placed, dict), placed   # BubbleBeam passed the setting
+    lengths = shape.reduce_lengths()
+    axis = {"local": shape.output_axis, "upcast": shape.output_axis, **placed}
+    u = placed.get("unroll")
+    if u is not None:
+        axis["unroll"] = sum(1 for n in lengths[:u] if n > 1)
+        if "group" in placed and placed["group"] > u and setting["unroll"] == lengths[u]:
+            axis["group"] -= 1
     return [RoutedOpt(OPT_OF[p], axis[p], setting[p]) for p in ORDER if setting.get(p, 1) != 1]
-
 
 def build(c: Captured, opts: list[RoutedOpt] | None):
     """The compiled program for these opts (None: tinygrad's own heuristics), or the compiler's refusal."""
-    from dataclasses import replace
-
     from tinygrad.codegen.opt import KernelOptError, Opt, OptOps
     from tinygrad.engine import realize
-    ast = c.ast if opts is None else c.ast.replace(arg=replace(c.ast.arg, opts_to_apply=tuple(
-        Opt(OptOps[o.op], o.axis, o.arg) for o in opts), beam=0))
+    ast = c.ast if opts is None else with_opts(c.ast, tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in opts))
     try:
         return realize.to_program(ast, c.renderer)
     except KernelOptError as e:

@@ -23,6 +23,8 @@ SEARCHED_BY = "tinygrad-opts"          # the code path the search drives today
 OPS = ("<=", "multiple_of", "divides")
 # Where each parameter of a tinygrad-opts family splits the kernel: the output axis or the reduction.
 SPLITS = {"local": "output", "upcast": "output", "group": "reduce", "unroll": "reduce"}
+# Parameters that choose which reduction axis a split takes: 0 the longest, 1 the next, ...
+WHICH = {"group_axis": "group", "unroll_axis": "unroll"}
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,16 @@ class KernelShape:
     outputs: int = 1        # output elements over every output axis
     # Where those axes sit in the compiler's own numbering (see search.compiler.opts_of).
     output_axis: int | None = None
-    reduce_axis: int | None = None
-    unroll_axis: int | None = None
+    reduces: tuple[int, ...] = ()    # every reduction axis's length, in the compiler's order (0: symbolic)
+
+    def reduce_ranks(self) -> list[int]:
+        """The places, in the compiler's order, of the reduction axes a split may take (longer than 1:
+        a symbolic one, such as the KV position, is never split), longest first (ties: compiler order)."""
+        lengths = self.reduce_lengths()
+        return sorted((i for i in range(len(lengths)) if lengths[i] > 1), key=lambda i: (-lengths[i], i))
+
+    def reduce_lengths(self) -> tuple[int, ...]:
+        return self.reduces or ((self.reduce,) if self.reduce else ())
 
 
 @dataclass
@@ -117,11 +127,11 @@ def searchable(name: str, known: dict[str, Family] | None = None) -> Family:
     if fam.expressed_by != SEARCHED_BY:
         raise BadInput(f"family {name!r} is expressed by {fam.expressed_by or 'nothing'}: the search drives "
                        f"{SEARCHED_BY} families only (generated routes are not built yet)")
-    unknown = [p for p in fam.parameters if p not in SPLITS]
+    unknown = [p for p in fam.parameters if p not in SPLITS and p not in WHICH]
     if unknown:
         raise BadInput(f"family {name!r}: parameter(s) {', '.join(unknown)} map to no tinygrad opt "
-                       f"(known: {', '.join(SPLITS)})")
-    if any(v < 1 for values in fam.parameters.values() for v in values):
+                       f"(known: {', '.join([*SPLITS, *WHICH])})")
+    if any(v < 1 for p, values in fam.parameters.items() if p in SPLITS for v in values):
         raise BadInput(f"family {name!r}: a split of an axis must be at least 1")
     return fam
 
@@ -140,15 +150,36 @@ def _rule_breaks(rule: Rule, setting: dict[str, int], fam: Family, target: Targe
     return None if ok else f"{rule.fact}: {rule.why}"
 
 
-def _shape_breaks(setting: dict[str, int], kernel: KernelShape) -> str | None:
-    for axis, length in (("output", kernel.output), ("reduce", kernel.reduce)):
-        split = math.prod(v for p, v in setting.items() if SPLITS[p] == axis)
-        if split == 1:
+def reduce_splits(setting: dict[str, int], kernel: KernelShape) -> dict[str, int] | str:
+    """Which reduction axis (its place in the compiler's order) each reduction split takes, or why none can."""
+    ranks, placed = kernel.reduce_ranks(), {}
+    for which, split in WHICH.items():
+        rank = setting.get(which, 0)
+        if setting.get(split, 1) == 1:
+            if rank:
+                return "an axis chosen for no split (the same as the first)"
             continue
-        if length is None:
-            return f"no {axis} axis to split"
-        if length % split:
-            return f"does not divide the {axis} axis"
+        if not ranks:
+            return "no reduce axis to split"
+        if rank >= len(ranks):
+            return "no such reduce axis"
+        placed[split] = ranks[rank]
+    return placed
+
+
+def _shape_breaks(setting: dict[str, int], kernel: KernelShape) -> str | None:
+    out = math.prod(v for p, v in setting.items() if SPLITS.get(p) == "output")
+    if out > 1 and kernel.output is None:
+        return "no output axis to split"
+    if out > 1 and kernel.output % out:
+        return "does not divide the output axis"
+    placed = reduce_splits(setting, kernel)
+    if isinstance(placed, str):
+        return placed
+    lengths = kernel.reduce_lengths()
+    for axis in set(placed.values()):
+        if lengths[axis] % math.prod(setting[p] for p, a in placed.items() if a == axis):
+            return "does not divide the reduce axis"
     return None
 
 
