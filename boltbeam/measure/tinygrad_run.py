@@ -331,6 +331,13 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
     return [1] + [(7919 * i) % vocabulary for i in range(1, max(1, context))]
 
 
+def kv_positions(census: Census, needed: int) -> int:
+    """The KV cache's positions: a round size well past what a run needs keeps tinygrad's kernels the
+    ones a chat session gets (reads stay bounded by the position); the kernels' ASTs, and so a route's
+    kernel keys, depend on it, so every run of a model takes the same."""
+    return max(needed, min(census.facts.context_length or needed, 4096))
+
+
 def default_timing(device: str) -> str:
     """In-graph timing wherever tinygrad's graphs can be timed: CUPTI on CUDA, timestamps elsewhere."""
     return "cupti" if device.startswith("CUDA") else "hcq"
@@ -360,9 +367,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     prompt = prompt_tokens(context, census.facts.vocabulary)
     passes = 3 if timing == "hcq" else 2               # hcq captures a second JIT for its timed tokens
     needed = len(prompt) + passes * warmup + 2 * tokens + 2
-    # The KV cache is allocated for max_context positions; a round size well past what the run needs
-    # keeps tinygrad's kernels the ones a chat session gets (reads stay bounded by the position).
-    max_context = max(needed, min(census.facts.context_length or needed, 4096))
+    max_context = kv_positions(census, needed)
     if census.facts.context_length and needed > census.facts.context_length:
         raise BadInput(f"context {context} plus {needed - len(prompt)} decoded tokens exceeds the model's "
                        f"context length {census.facts.context_length}")

@@ -93,13 +93,13 @@ def capture(model: str, census, device: str, context: int,
     from tinygrad.llm.model import Transformer
     from tinygrad.uop.ops import Ops
 
-    from boltbeam.measure.tinygrad_run import prompt_tokens
+    from boltbeam.measure.tinygrad_run import kv_positions, prompt_tokens
     sources: dict = {}
     shapes: dict = {}
     with _hooks(sources, shapes):
         progress("loading")
         prompt = prompt_tokens(context, census.facts.vocabulary)
-        net, _ = Transformer.from_gguf(pathlib.Path(model), max(len(prompt) + 8, min(census.facts.context_length or 0, 4096)))
+        net, _ = Transformer.from_gguf(pathlib.Path(model), kv_positions(census, len(prompt) + 8))
         gen = net.generate(list(prompt))
         with Context(JIT=2):
             next(gen)
