@@ -219,7 +219,10 @@ def test_strict_refuses_an_account_that_does_not_close(capsys, tmp_path, tiny_mo
 
 SEARCH_SUMMARY = {"space": {"settings": 1280, "legal": 176, "survivors": 154,
                             "rejected_by_reason": {"does not divide the reduce axis": 700}},
-                  "timed_now": 60, "reused_from_ledger": 2, "routed_kernels": 9}
+                  "timed_now": 60, "reused_from_ledger": 2, "routed_kernels": 9,
+                  "per_kernel": [{"kernel": "k", "name": "r_4", "launches": 2, "legal": 176, "settings": 1280,
+                                  "survivors": 154, "timed": 60, "default_us": 9.0, "best_us": 7.5,
+                                  "floor_us": 0.5, "choice": {"unroll": 4}}]}
 
 
 def test_the_page_draws_a_search_funnel(tiny_model, tiny_bound, tmp_path):
@@ -238,7 +241,9 @@ def test_the_page_draws_a_search_funnel(tiny_model, tiny_bound, tmp_path):
 
 @pytest.mark.parametrize("doc", [[], {"space": []}, {"space": {"settings": -1, "legal": 1, "survivors": 1},
                                                      "routed_kernels": 0},
-                                 {**SEARCH_SUMMARY, "routed_kernels": "nine"}])
+                                 {**SEARCH_SUMMARY, "routed_kernels": "nine"},
+                                 {**SEARCH_SUMMARY, "per_kernel": [{"launches": -1}]},
+                                 {**SEARCH_SUMMARY, "space": {**SEARCH_SUMMARY["space"], "settings": 10**44}}])
 def test_a_search_summary_that_is_not_one_is_one_line(doc, tmp_path):
     from boltbeam.report.audit import load_funnel
     path = tmp_path / "search.json"

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from boltbeam.bound.targets import Fact, get_target
+from boltbeam.bound.targets import get_target
 from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import DIAGNOSTIC, SEARCH_SPACE_INCOMPLETE, VERDICTS
 from boltbeam.ledger.store import Ledger
@@ -632,3 +632,11 @@ def test_search_calibrate_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_the_summary_reads_back_as_it_was_written(runs, first):
+    """search.json is a typed record: read back field by field, it writes the same JSON again."""
+    from boltbeam.search.summary import SearchSummary
+    s = SearchSummary.load(str(runs.first_out / "search.json"))
+    assert s.to_dict() == first
+    assert s.space.legal == sum(k.legal for k in s.per_kernel) and s.kernels == len(s.per_kernel)

@@ -3,12 +3,10 @@ and judges the whole token with and without it."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -106,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
                     judgement = _judge(model, args, out, say, ledger)
                 except Refused as e:   # the route and its timings stand; the summary says the judge could not run
                     refused = str(e)
-    summary = _summary(result, judgement, time.monotonic() - started, out, target)
-    summary["judge_refused"] = refused
+    from boltbeam.search.summary import summarize
+    summary = summarize(result, target, time.monotonic() - started, out / "route.json", judgement, refused).to_dict()
     write_json(out / "search.json", summary)
     if args.json:
         report.print_json(summary)
@@ -141,41 +139,6 @@ def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],
                   reopen=j.reopen, actor="boltbeam search")
     return j
-
-
-def _summary(result, judgement, seconds: float, out: Path, target) -> dict[str, Any]:
-    from boltbeam.search.decide import spearman_by_kind, spearman_within_kernels
-    rejected: Counter = Counter()
-    for k in result.kernels:
-        rejected.update(k.space.rejected)
-    sizes = [k.space.size for k in result.kernels]
-    legal = [len(k.space.legal) for k in result.kernels]
-    return {
-        "route": str(out / "route.json"), "seconds": seconds, "seconds_timing": result.seconds_timing,
-        "kernels": len(result.kernels), "launches_per_token": sum(k.launches for k in result.kernels),
-        "space": {"settings": sum(sizes), "legal": sum(legal),
-                  "token_product_log10": sum(math.log10(s) for s in sizes if s),
-                  "legal_token_product_log10": sum(math.log10(n) for n in legal if n),
-                  "foreseen_out": sum(k.foreseen_out for k in result.kernels),
-                  "survivors": sum(k.survivors for k in result.kernels),
-                  "rejected_by_reason": dict(rejected.most_common())},
-        "timed_now": result.timed_now, "reused_from_ledger": result.reused,
-        "refused_by_compiler": sum(len(k.refused) for k in result.kernels),
-        "spearman": {kind: {"rho": rho, "points": n} for kind, (rho, n) in spearman_by_kind(result).items()},
-        "spearman_within_kernels": dict(zip(("median_rho", "kernels"), spearman_within_kernels(result, target))),
-        "futuresight": asdict(result.calibration),
-        "routed_kernels": len(result.route.choices),
-        "search_space_incomplete": [k.name for k in result.kernels if k.incomplete],
-        "unbuilt": result.unbuilt,
-        "per_kernel": [{"kernel": k.key, "name": k.name, "launches": k.launches, "legal": len(k.space.legal),
-                        "output": k.space.kernel.output, "reduce": k.space.kernel.reduce,
-                        "outputs": k.space.kernel.outputs, "bytes": k.work.bytes if k.work else None,
-                        "flops": k.work.flops if k.work else None,
-                        "settings": k.space.size, "survivors": k.survivors, "timed": len(k.timed),
-                        "default_us": k.default.measured_us, "best_us": k.best_us, "floor_us": k.floor_us,
-                        "choice": k.choice.setting if k.choice else None} for k in result.kernels],
-        "judgement": judgement.to_dict() if judgement else None,
-    }
 
 
 def _print(s: dict[str, Any]) -> None:
@@ -217,22 +180,15 @@ def _print(s: dict[str, Any]) -> None:
 def _points(summary_path: str, ledger_path: str, target):
     """The measured settings of one search on this target: its summary gives each kernel's work, its
     ledger the times (entries of other targets, and anything that is not a time, are left out)."""
-    from boltbeam.files import load_json
     from boltbeam.ledger.store import Ledger
     from boltbeam.search.decide import measured_us, parse_setting
     from boltbeam.search.future import Point, Work
-    doc = load_json(summary_path, "search summary")
-
-    def count(x) -> int:
-        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x < 1e18:
-            raise ValueError(f"{x!r} is not a positive count")
-        return int(x)
-    try:
-        work = {str(k["kernel"]): Work(count(k.get("bytes") or k["floor_us"] * target.bandwidth / 1e6),
-                                       count(k["flops"]) if k.get("flops") else 0, count(k["outputs"]))
-                for k in doc["per_kernel"]}
-    except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise BadInput(f"search summary {summary_path}: per_kernel lacks what calibration needs ({e})") from None
+    from boltbeam.search.summary import SearchSummary
+    summary = SearchSummary.load(summary_path)
+    if any(k.outputs is None for k in summary.per_kernel):
+        raise BadInput(f"search summary {summary_path}: its kernels do not say their outputs (an older search)")
+    work = {k.kernel: Work(k.bytes or round(k.floor_us * target.bandwidth / 1e6), k.flops or 0, max(1, k.outputs))
+            for k in summary.per_kernel}
     out = []
     with Ledger(ledger_path, create=False) as ledger:
         for e in ledger.entries():

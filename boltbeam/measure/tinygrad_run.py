@@ -536,7 +536,7 @@ class _Run:
 
     def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version
-        net, census, beam = self.net, self.census, self.beam
+        net, census = self.net, self.census
         kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
         rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
         classifier = Classifier(census, self.path.stat().st_size, kv_bases, rope_bases)

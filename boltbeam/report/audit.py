@@ -47,31 +47,13 @@ class Funnel:
                 ("survived FutureSight", self.survivors), ("timed", self.timed), ("in the route", self.chosen)]
 
 
-def _count(x: Any, what: str, where: str) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < 10**15:
-        raise BadInput(f"{where}: {what} must be a count, not {x!r}")
-    return x
-
-
 def load_funnel(path: str) -> Funnel:
-    """search.json, checked field by field: a file that is not one is one clear line."""
-    d = load_json(path, "search summary")
-    where = f"search summary {path}"
-    if not isinstance(d, dict) or not isinstance(d.get("space"), dict):
-        raise BadInput(f"{where}: not a `boltbeam search` summary (no space)")
-    sp = d["space"]
-    reasons = sp.get("rejected_by_reason", {})
-    if not isinstance(reasons, dict):
-        raise BadInput(f"{where}: rejected_by_reason must be an object")
-    f = Funnel(path, _count(sp.get("settings"), "settings", where), _count(sp.get("legal"), "legal", where),
-               _count(sp.get("survivors"), "survivors", where),
-               _count(d.get("timed_now", 0), "timed_now", where) + _count(d.get("reused_from_ledger", 0),
-                                                                          "reused_from_ledger", where),
-               _count(d.get("routed_kernels"), "routed_kernels", where),
-               {str(k): _count(v, "a rejection count", where) for k, v in reasons.items()})
-    if not f.settings >= f.legal >= f.survivors:
-        raise BadInput(f"{where}: the space must narrow (settings >= legal >= survivors)")
-    return f
+    """A search's funnel from its search.json (checked field by field: a file that is not one is one line)."""
+    from boltbeam.search.summary import SearchSummary
+    s = SearchSummary.load(path)
+    sp = s.space
+    return Funnel(path, sp.settings, sp.legal, sp.survivors, s.timed_now + s.reused_from_ledger, s.routed_kernels,
+                  sp.rejected_by_reason)
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
