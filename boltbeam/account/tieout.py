@@ -41,7 +41,7 @@ from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace, timeline
-from boltbeam.report import fmt_bytes
+from boltbeam.units import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
 INFLATION_FRACTION = 0.01  # kernels busy past 101% of the plain token were inflated by their timing

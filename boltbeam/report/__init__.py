@@ -9,6 +9,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from boltbeam.units import fmt_bytes
+
+__all__ = ["console", "fmt_bytes", "print_json", "table"]
+
 
 def console() -> Console:
     # Wide enough for the bound table when piped (rich falls back to 80 columns off a terminal).
@@ -30,11 +34,3 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for r in rows:
         t.add_row(*("" if v is None else escape(str(v)) for v in r))
     return t
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-    return str(n)
