@@ -13,7 +13,8 @@ page, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
 width = int(sys.argv[3]) if len(sys.argv) > 3 else 1400
 with tempfile.TemporaryDirectory() as tmp:
     shot = Path(tmp) / "shot.png"
-    subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+    subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--hide-scrollbars",
                     f"--window-size={width},12000", f"--screenshot={shot}", f"file://{page}"],
                    check=True, capture_output=True)
     im = Image.open(shot).convert("RGB")

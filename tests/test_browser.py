@@ -22,7 +22,8 @@ from boltbeam.report.chrome import chrome_trace
 from boltbeam.report.page import render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr", "--v=0"]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+         "--enable-logging=stderr", "--v=0"]   # dev-shm: containers often give /dev/shm 64 MB
 
 
 def browse(page, *extra: str) -> tuple[str, list[str]]:
