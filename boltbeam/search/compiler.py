@@ -58,7 +58,8 @@ def _shape(sink, renderer, key: str, name: str) -> KernelShape:
 
 @contextlib.contextmanager
 def _hooks(sources: dict, shapes: dict):
-    """Record, for each program tinygrad builds, its AST and renderer, and the shape apply_opts sees."""
+    """Record, for each program tinygrad builds, the program, its AST and renderer, and the shape
+    apply_opts sees."""
     import tinygrad.codegen as codegen
     from tinygrad.engine import realize
     orig_prog, orig_apply = realize.to_program, codegen.apply_opts
@@ -70,7 +71,7 @@ def _hooks(sources: dict, shapes: dict):
             prg = orig_prog(ast, renderer)
         finally:
             current.pop()
-        sources[prg.key] = (ast, renderer)
+        sources[prg.key] = (prg, ast, renderer)
         return prg
 
     def apply_opts(sink, ren, beam=0):
@@ -119,12 +120,11 @@ def capture(model: str, census, device: str, context: int,
     by_kernel: dict[str, Captured] = {}
     from tinygrad.uop.ops import sym_infer
     for pkey, n in programs.items():
-        ast, ren = sources[pkey]
+        prg, ast, ren = sources[pkey]
         key = kernel_key(ast)
         if key in by_kernel:
             by_kernel[key].launches += n
             continue
-        prg = _program(pkey, sources)
         info = prg.src[0].arg
         est = info.estimates
         var_vals = _mid_vals(ast)
@@ -134,12 +134,6 @@ def capture(model: str, census, device: str, context: int,
                                   int(sym_infer(est.ops, var_vals)) if est else 0,
                                   [str(o) for o in info.applied_opts])
     return sorted(by_kernel.values(), key=lambda c: c.shape.key)
-
-
-def _program(pkey, sources):
-    from tinygrad.engine import realize
-    ast, ren = sources[pkey]
-    return realize.to_program(ast, ren)
 
 
 def _mid_vals(ast) -> dict[str, int]:

@@ -18,7 +18,8 @@ from boltbeam.bound.targets import Target
 from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_INCOMPLETE
 from boltbeam.measure.route import Choice, Route, engine
 from boltbeam.search.compiler import Captured, build, opts_of, time_program
-from boltbeam.search.future import Calibration, Point, Prediction, Work, calibration, foresee, within_spearman
+from boltbeam.search.future import (Calibration, Point, Prediction, Work, calibration, foresee, rank_correlation,
+                                    within_spearman)
 from boltbeam.search.space import Family, Space, propose
 
 NOISE = 0.05               # a setting must beat the default by more than this (best of REPS each)
@@ -51,18 +52,24 @@ class Timed:
 
 @dataclass
 class KernelResult:
-    key: str
-    name: str
     launches: int
     floor_us: float
     space: Space
+    work: Work
     foreseen_out: int                      # legal settings FutureSight rejected
     survivors: int
     default: Timed
     timed: list[Timed] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)   # setting -> the compiler's refusal
     choice: Timed | None = None
-    work: Work | None = None
+
+    @property
+    def key(self) -> str:
+        return self.space.kernel.key
+
+    @property
+    def name(self) -> str:
+        return self.space.kernel.name
 
     @property
     def best_us(self) -> float:
@@ -119,19 +126,6 @@ def measured_us(scope: dict[str, Any]) -> float | None:
     return float(us) if ok else None
 
 
-def _measure(c: Captured, setting: dict[str, int] | None, scope: Scope, ledger, clock: list[float]) -> tuple[float | str, bool]:
-    """(µs or the compiler's refusal, whether it came from the ledger)."""
-    sid = "default" if setting is None else setting_id(setting)
-    candidate = f"{c.shape.key}:{sid}"
-    if (us := _recorded(ledger, candidate, scope.of(c.shape.key, sid))) is not None:
-        return us, True
-    t0 = time.perf_counter()
-    prg = build(c, None if setting is None else opts_of(setting, c.shape))
-    samples = prg if isinstance(prg, str) else time_program(c, prg, REPS)
-    clock[0] += time.perf_counter() - t0
-    return (samples if isinstance(samples, str) else min(samples)), False
-
-
 def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: float | None) -> None:
     if ledger is None:
         return
@@ -148,41 +142,61 @@ def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: 
                   evidence=[], reopen=reopen, actor=ACTOR)
 
 
+class _Timer:
+    """Times settings on the device, or reads them from the ledger when it holds them in this scope;
+    records every new timing; keeps the counts and the device clock."""
+
+    def __init__(self, scope: Scope, ledger):
+        self.scope, self.ledger = scope, ledger
+        self.seconds = 0.0
+        self.timed_now = self.reused = 0
+
+    def time(self, c: Captured, setting: dict[str, int] | None, default_us: float | None = None) -> float | str:
+        """µs of this setting (None: tinygrad's heuristics), or the compiler's refusal."""
+        sid = "default" if setting is None else setting_id(setting)
+        if (us := _recorded(self.ledger, f"{c.shape.key}:{sid}", self.scope.of(c.shape.key, sid))) is not None:
+            self.reused += 1
+            return us
+        t0 = time.perf_counter()
+        prg = build(c, None if setting is None else opts_of(setting, c.shape))
+        samples = prg if isinstance(prg, str) else time_program(c, prg, REPS)
+        self.seconds += time.perf_counter() - t0
+        if isinstance(samples, str):
+            return samples
+        self.timed_now += 1
+        _record(self.ledger, c, sid, self.scope, min(samples), default_us)
+        return min(samples)
+
+
 def search(kernels: list[Captured], fam: Family, target: Target, device: str, budget: int, ledger=None,
            model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None,
            seconds_per_kernel: float = math.inf) -> Search:
     """`budget` settings at most per kernel, and no new one once the kernel has had `seconds_per_kernel`."""
     scope = Scope(device, target.name, engine(), fam.name)
     cal = calibration(target.name)
-    clock = [0.0]
-    results, timed_now, reused = [], 0, 0
+    timer = _Timer(scope, ledger)
+    results = []
     unbuilt: dict[str, str] = {}
     for i, c in enumerate(kernels):
         progress(f"kernel {i + 1} of {len(kernels)}: {c.shape.name}")
         space = propose(c.shape, fam, target)
         work = Work(c.bytes, c.flops, max(1, c.shape.outputs))
         sight = foresee(work, space.legal, target, cal)
-        default_us, was_recorded = _measure(c, None, scope, ledger, clock)
+        default_us = timer.time(c, None)
         if isinstance(default_us, str):   # tinygrad's own build failed: nothing to compare against
             unbuilt[c.shape.name] = default_us
             continue
-        timed_now, reused = timed_now + (not was_recorded), reused + was_recorded
-        if not was_recorded:
-            _record(ledger, c, "default", scope, default_us, None)
-        r = KernelResult(c.shape.key, c.shape.name, c.launches, c.bytes / target.bandwidth * 1e6, space,
-                         len(sight.rejected), len(sight.ordered), Timed({}, None, default_us), work=work)
-        started = clock[0]
+        r = KernelResult(c.launches, c.bytes / target.bandwidth * 1e6, space, work, len(sight.rejected),
+                         len(sight.ordered), Timed({}, None, default_us))
+        started = timer.seconds
         for setting, pred in sight.ordered[:budget]:
-            if clock[0] - started > seconds_per_kernel:
+            if timer.seconds - started > seconds_per_kernel:
                 break
-            us, was_recorded = _measure(c, setting, scope, ledger, clock)
+            us = timer.time(c, setting, default_us)
             if isinstance(us, str):
                 r.refused[setting_id(setting)] = us
-                continue
-            timed_now, reused = timed_now + (not was_recorded), reused + was_recorded
-            if not was_recorded:
-                _record(ledger, c, setting_id(setting), scope, us, default_us)
-            r.timed.append(Timed(setting, pred, us))
+            else:
+                r.timed.append(Timed(setting, pred, us))
         best = min(r.timed, key=lambda t: t.measured_us, default=None)
         if best and best.measured_us < (1 - NOISE) * default_us:
             r.choice = best
@@ -193,7 +207,7 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         Choice(r.key, r.name, r.choice.setting, opts_of(r.choice.setting, r.space.kernel),
                r.choice.measured_us, r.default.measured_us, r.choice.predicted.us if r.choice.predicted else None)
         for r in results if r.choice])
-    return Search(results, route, clock[0], timed_now, reused, unbuilt, cal)
+    return Search(results, route, timer.seconds, timer.timed_now, timer.reused, unbuilt, cal)
 
 
 def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:
@@ -212,20 +226,16 @@ def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:
 def spearman_by_kind(result: Search) -> dict[str, tuple[float | None, int]]:
     """Rank correlation of FutureSight's predictions with the measured times, per kind of kernel
     (reductions and elementwise), over every timed setting: (rho or None when undefined, points)."""
-    from scipy.stats import spearmanr
     out: dict[str, tuple[float | None, int]] = {}
     for kind in ("reduce", "elementwise"):
         pairs = [(t.predicted.us, t.measured_us) for r in result.kernels
                  if (r.space.kernel.reduce is not None) == (kind == "reduce") for t in r.timed if t.predicted]
-        rho = None
-        if len(pairs) >= 3 and len({p for p, _ in pairs}) > 1 and len({m for _, m in pairs}) > 1:
-            rho = float(spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic)
-        out[kind] = (rho, len(pairs))
+        out[kind] = (rank_correlation([p for p, _ in pairs], [m for _, m in pairs]), len(pairs))
     return out
 
 
 def points(result: Search) -> list[Point]:
-    return [Point(r.key, r.work, t.setting, t.measured_us) for r in result.kernels if r.work for t in r.timed]
+    return [Point(r.key, r.work, t.setting, t.measured_us) for r in result.kernels for t in r.timed]
 
 
 def spearman_within_kernels(result: Search, target: Target) -> tuple[float | None, int]:

@@ -143,20 +143,24 @@ class Point:
     measured_us: float
 
 
+def rank_correlation(predicted: list[float], measured: list[float]) -> float | None:
+    """Spearman's rho, or None where it says nothing: under 3 points, or either side all alike."""
+    from scipy.stats import spearmanr
+    if len(predicted) < 3 or len(set(predicted)) < 2 or len(set(measured)) < 2:
+        return None
+    return float(spearmanr(predicted, measured).statistic)
+
+
 def within_spearman(points: list[Point], target: Target, cal: Calibration) -> tuple[float | None, int]:
     """The median over kernels (at least 3 distinct predictions and times each) of the rank correlation
     between prediction and measurement within one kernel: how well FutureSight orders what it is asked
     to order. (median or None, kernels counted)."""
-    from scipy.stats import spearmanr
     by_kernel: dict[str, list[Point]] = {}
     for p in points:
         by_kernel.setdefault(p.kernel, []).append(p)
-    rhos = []
-    for pts in by_kernel.values():
-        x = [predict(p.work, p.setting, target, cal).us for p in pts]
-        y = [p.measured_us for p in pts]
-        if len(pts) >= 3 and len(set(x)) > 1 and len(set(y)) > 1:
-            rhos.append(float(spearmanr(x, y).statistic))
+    rhos = [rho for pts in by_kernel.values()
+            if (rho := rank_correlation([predict(p.work, p.setting, target, cal).us for p in pts],
+                                        [p.measured_us for p in pts])) is not None]
     return (median(rhos) if rhos else None), len(rhos)
 
 
