@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -117,12 +115,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile(model: str, args: argparse.Namespace, route: str, out: Path) -> None:
-    cmd = [sys.executable, "-m", "boltbeam", "profile", model, "--device", args.device, "--context",
-           str(args.context), "--tokens", str(args.tokens), "--route", route, "--out", str(out), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise Refused(f"profiling the whole token ({'without' if route == 'none' else 'with'} the route) failed: {last}")
+    from boltbeam.measure.tinygrad_run import profile_elsewhere
+    if failed := profile_elsewhere(model, args.device, str(out), "--context", str(args.context), "--tokens",
+                                   str(args.tokens), "--route", route):
+        raise Refused(f"profiling the whole token ({'without' if route == 'none' else 'with'} the route) failed: "
+                      f"{failed}")
 
 
 def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):

@@ -17,8 +17,6 @@ account counts the plain token against the timed kernels, and this measured figu
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from boltbeam.errors import BadInput
+from boltbeam.measure.tinygrad_run import profile_elsewhere
 from boltbeam.measure.trace import load, timeline
 
 # Blocks of the calibration models: from a few dozen kernels a token to ~900, so a real token's
@@ -100,12 +99,8 @@ def calibration_samples(device: str, width: int, tokens: int, depths: tuple[int,
         for blocks in depths:
             model, out = Path(tmp) / f"launch-{blocks}.gguf", Path(tmp) / f"launch-{blocks}.json"
             write_calibration(model, width, blocks)
-            cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--context", "8",
-                   "--tokens", str(tokens), "--no-hash", "--out", str(out), "--json"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                raise BadInput(f"launch benchmark: decoding a {blocks}-block model failed: {last}")
+            if failed := profile_elsewhere(model, device, out, "--context", "8", "--tokens", str(tokens), "--no-hash"):
+                raise BadInput(f"launch benchmark: decoding a {blocks}-block model failed: {failed}")
             trace = load(str(out))
             samples.append(LaunchSample(blocks, trace.kernel_pass.timing, len(trace.kernels_of_token(0)),
                                         round(statistics.median(trace.kernel_pass.graph_launches)),

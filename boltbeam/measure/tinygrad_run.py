@@ -331,6 +331,16 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
     return [1] + [(7919 * i) % vocabulary for i in range(1, max(1, context))]
 
 
+def profile_elsewhere(model: str, device: str, out: str, *flags: str) -> str | None:
+    """`boltbeam profile` in a fresh process (the adapter's hooks must be in before tinygrad first
+    compiles, so a process that already ran tinygrad profiles in another); None when it wrote `out`,
+    else the last line of what it said."""
+    cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--out", str(out), "--json",
+           *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no message"])[-1]
+
+
 def kv_positions(census: Census, needed: int) -> int:
     """The KV cache's positions: a round size well past what a run needs keeps tinygrad's kernels the
     ones a chat session gets (reads stay bounded by the position); the kernels' ASTs, and so a route's
