@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from boltbeam import report
+from boltbeam.errors import BadInput
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
                                         import_nsys_gpu_trace)
@@ -47,6 +48,11 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
     p.add_argument("--route", metavar="ROUTE.json", help="run the kernels a search's route names with its settings "
                                                          "(`none`, or BOLTBEAM_ROUTE=none, turns it off)")
+    p.add_argument("--layout", metavar="SCALES:FORM", help="repack the quantized linear layers at load into the "
+                   "generated layout (scales float16 or float32; gemv form expanded or factored), e.g. float16:expanded; "
+                   "overrides a route's layout; `none` turns it off")
+    p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
+                   "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -62,6 +68,43 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
+def families_of(layout, constants_once: bool) -> list:
+    """The generated route families to build on the loaded model, in order; none when switched off."""
+    from boltbeam.route import constants, layout as layouts
+    if routes_off():
+        return []
+    families = []
+    if layout is not None:
+        def generated_layout(net, census, path):
+            return layouts.install(net, census, path, layout)
+        families.append(generated_layout)
+    if constants_once:
+        families.append(constants.install)
+    return families
+
+
+def routes_off() -> bool:
+    from boltbeam.measure.route import SWITCH
+    return os.environ.get(SWITCH, "").lower() == "none"
+
+
+def layout_of(flag: str | None, from_route: dict[str, str] | None):
+    """The layout setting to build at load, from --layout or the route file; None when off."""
+    from boltbeam.route.layout import Setting
+    if flag == "none" or routes_off():
+        return None
+    if flag is not None:
+        scale_dtype, sep, form = flag.partition(":")
+        if not sep:
+            raise BadInput(f"--layout {flag!r}: expected SCALES:FORM, e.g. float16:expanded")
+        return Setting(scale_dtype, form)
+    if not from_route:
+        return None
+    if set(from_route) != {"scale_dtype", "form"}:
+        raise BadInput(f"route layout {from_route}: expected exactly the keys scale_dtype and form")
+    return Setting(**from_route)
+
+
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -69,6 +112,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     # tinygrad reads its device from the environment when first imported.
     os.environ["DEV"] = args.device
     route = _route_of(args, model)
+    layout = layout_of(args.layout, route[1].layout if route else None)
+    constants = args.constants_once or bool(route and route[1].constants_once)
     from boltbeam.measure.tinygrad_run import profile
     total = 2 * (args.warmup + args.tokens)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -76,6 +121,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
         task = bar.add_task("loading and compiling", total=total)
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam, timing=args.timing, route=route,
+                       prepare=families_of(layout, constants),
                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
 
 

@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
     p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
                    help=f"whole tokens per side for the judge (default {JUDGE_TOKENS})")
+    p.add_argument("--layout", metavar="SCALES:FORM", help="search the kernels of the token on the generated layout "
+                   "(see `profile --layout`); the route file carries the layout")
+    p.add_argument("--constants-once", action="store_true", help="search the token with its constants computed once; "
+                   "the route file carries it")
     p.add_argument("--no-judge", action="store_true", help="write the route without profiling the whole token")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -67,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from boltbeam.bound.targets import get_target
+    from boltbeam.cli.measure import families_of, layout_of
     from boltbeam.cli.read import resolve_model
     from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger
@@ -80,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     fam = searchable(args.family)
     _facts_needed(fam, target)
+    layout = layout_of(args.layout, None)
     census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
     sha = sha256_file(model)
     started = time.monotonic()
@@ -93,13 +99,15 @@ def run(args: argparse.Namespace) -> int:
                       console=report.console(), transient=True) as bar:
             task = bar.add_task("capturing the decode token's kernels", total=None)
             say = lambda what: bar.update(task, description=escape(what))
-            kernels = capture(model, census, args.device, args.context, say)
+            kernels = capture(model, census, args.device, args.context, say, families_of(layout, args.constants_once))
             result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
+            result.route.layout = {"scale_dtype": layout.scale_dtype, "form": layout.form} if layout else None
+            result.route.constants_once = args.constants_once
             routes.save(result.route, out / "route.json")
             judgement = None
             if not args.no_judge:
                 try:
-                    judgement = _judge(model, args, out, say, ledger)
+                    judgement = _judge(model, args, out, say, ledger, result.route)
                 except Refused as e:   # the route and its timings stand; the summary says the judge could not run
                     refused = str(e)
     from boltbeam.search.summary import summarize
@@ -122,7 +130,7 @@ def _profile(model: str, args: argparse.Namespace, route: str, out: Path) -> Non
                       f"{failed}")
 
 
-def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
+def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger, route):
     """Whole tokens without and with the route, each in a fresh process; the judge's verdict, recorded."""
     from boltbeam.judge.judge import Checks, judge
     from boltbeam.measure import trace as tracefile
@@ -131,7 +139,8 @@ def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger):
     say("judging: the whole token with the route")
     _profile(model, args, str(out / "route.json"), out / "candidate.json")
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
-    j = judge(base, cand, Checks(expected_route="boltbeam-search", candidate_id=f"route {out / 'route.json'}"))
+    families = ("generated-layout + " if route.layout else "") + ("constants-once + " if route.constants_once else "")
+    j = judge(base, cand, Checks(expected_route=families + "boltbeam-search", candidate_id=f"route {out / 'route.json'}"))
     ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],
                   reopen=j.reopen, actor="boltbeam search")

@@ -228,10 +228,29 @@ def hcq_timeline(calls: list[Call], where: str) -> Timed:
     return timed
 
 
+@dataclass
+class Prepared:
+    """What one generated route family did to the loaded model before its tokens were measured."""
+    family: str
+    settings: dict[str, Any]
+    applied: int = 0                   # parts of the model it changed (layers, tensors)
+    eligible: int = 0                  # parts it could have changed
+    bytes: int = 0                     # bytes the changed parts now hold
+    seconds: float = 0.0               # time spent making the change
+    placed: dict[int, TensorEntry] = field(default_factory=dict)   # a new buffer's identity -> the GGUF tensor it holds
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.settings, "applied": self.applied, "eligible": self.eligible, "bytes": self.bytes,
+                "build_seconds": round(self.seconds, 3)}
+
+
 class Classifier:
     """Maps a launch to (category, role, tensors) from the buffers it touches, never from tensor or
     model names; only a kernel that touches nothing it can place falls back on tinygrad's kind prefix."""
-    def __init__(self, census: Census, file_size: int, kv_bases: set[int], rope_bases: set[int]):
+    def __init__(self, census: Census, file_size: int, kv_bases: set[int], rope_bases: set[int],
+                 placed: dict[int, TensorEntry] | None = None):
+        self.placed = placed or {}
         self.tensors = sorted((t for t in census.tensors if not t.tied), key=lambda t: t.data_offset)
         self.offsets = [t.data_offset for t in self.tensors]
         self.file_size, self.kv_bases, self.rope_bases = file_size, kv_bases, rope_bases
@@ -239,6 +258,8 @@ class Classifier:
         self.tied = census.tied_embeddings
 
     def _tensor_at(self, buf) -> TensorEntry | None:
+        if (t := self.placed.get(id(buf.base))) is not None:
+            return t
         if buf._base is None or buf.base.nbytes != self.file_size:
             return None
         i = bisect.bisect_right(self.offsets, buf.offset) - 1
@@ -251,6 +272,8 @@ class Classifier:
             return "copy", None, []
         read = [t for b in l.reads if (t := self._tensor_at(b)) is not None]
         names = sorted({t.name for t in read})
+        if not l.reads:
+            return "constant", None, []
         if read:
             weights = [t for t in read if t.role not in NORM_ROLES]
             main = max(weights or read, key=lambda t: t.bytes)
@@ -355,13 +378,16 @@ def default_timing(device: str) -> str:
 
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
             beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None,
-            route: tuple[str, Route] | None = None) -> Trace:
+            route: tuple[str, Route] | None = None,
+            prepare: list[Callable[[Any, Census, str], Prepared]] | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
     heuristics: its kernels never run in a measured token). `timing` is a key of trace.TIMINGS:
     "cupti" (CUDA) and "hcq" (tinygrad's command-queue graphs, e.g. CPU) time the graph replay users
     run; "launch" (CUDA) launches the kernels one by one instead and says so. `route` (path, route):
-    the kernels it names are compiled with its opts, and the trace counts how many were."""
+    the kernels it names are compiled with its opts, and the trace counts how many were. `prepare`:
+    generated route families, each (model, census, path) -> Prepared, called on the loaded model
+    before anything runs (new weight layouts, constants computed once); the trace says what each changed."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     timing = timing or default_timing(device)
@@ -385,7 +411,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
     with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied:
-        run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress)
+        run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare)
         run.route = (route[0], route[1], applied) if route else None
         return run.trace(model_hash)
 
@@ -424,13 +450,14 @@ class _TimedToken:
 
 class _Run:
     """One loaded model decoding: the plain tokens users get and the timed tokens, one trace."""
-    def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress):
+    def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare):
         from tinygrad import Context
         from tinygrad.llm.model import Transformer
         self.path, self.census, self.device, self.prompt = path, census, device, prompt
         self.tokens, self.warmup, self.beam, self.rec, self.cupti = tokens, warmup, beam, rec, cupti
         self.tick = progress or (lambda stage, n: None)
         self.net, _ = Transformer.from_gguf(path, max_context)
+        self.prepared = [family(self.net, census, str(path)) for family in prepare or []]
         self.gen = self.net.generate(list(prompt))
         self.out_tokens: list[int] = []
         # tinygrad 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunked prefill's
@@ -532,24 +559,29 @@ class _Run:
         """The route label says what ran: a search's route only when every kernel it names was applied."""
         beam = self.beam
         env = {k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}
+        families = {"families": {p.family: p.summary() for p in self.prepared}} if self.prepared else {}
+        prefix = "".join(p.family + (f" (partial: {p.applied} of {p.eligible})" if p.applied < p.eligible else "") + " + "
+                         for p in self.prepared)
+        switch = f"{SWITCH}=none (every generated family off)" if self.prepared else None
         if self.route is None:
-            return {"label": f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler",
-                    "switch": "boltbeam profile --beam 0" if beam else None,
-                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **env}}
+            return {"label": prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),
+                    "switch": switch or ("boltbeam profile --beam 0" if beam else None),
+                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **families, **env}}
         path, route, applied = self.route
         named = {c.kernel for c in route.choices}
         ran = len(named & applied.kernels)
-        return {"label": "boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})",
+        return {"label": prefix + ("boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})"),
                 "switch": f"boltbeam profile --route none (or {SWITCH}=none)",
                 "settings": {"route": path, "family": route.family, "provenance": route.provenance,
-                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **env}}
+                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env}}
 
     def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version
         net, census = self.net, self.census
         kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
         rope_bases = _buffer_ids(b.freqs_cis for b in net.blk if hasattr(b, "freqs_cis"))
-        classifier = Classifier(census, self.path.stat().st_size, kv_bases, rope_bases)
+        classifier = Classifier(census, self.path.stat().st_size, kv_bases, rope_bases,
+                                {k: v for p in self.prepared for k, v in p.placed.items()})
         kernels: list[Kernel] = []
         for tok, t in enumerate(timed):
             t0 = t.first_ns   # inside a graph, the first node submitted need not start first
@@ -558,7 +590,8 @@ class _Run:
                 kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=(end_ns - start_ns) / 1e3,
                                       start_us=(start_ns - t0) / 1e3, role=role, category=category, tensors=names,
                                       bytes=launch.mem, flops=launch.ops, global_size=launch.global_size,
-                                      local_size=launch.local_size, opts=launch.opts))
+                                      local_size=launch.local_size, opts=launch.opts, reads_buffers=len(launch.reads),
+                                      writes_bytes=sum(b.nbytes for b in launch.writes)))
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
         marked = all(t.marks_ns for t in timed)
         return Trace(
@@ -578,5 +611,5 @@ class _Run:
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"
                                                               if self.rec.timing == "cupti" else ""),
-                        "notes": notes,
+                        "notes": notes + [n for p in self.prepared for n in p.notes],
                         "inputs": [{"path": str(self.path), "sha256": None}]})

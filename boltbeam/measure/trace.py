@@ -33,8 +33,9 @@ from boltbeam.files import load_json, write_json
 FORMAT = "boltbeam-trace"
 VERSION = 1
 
-# What a kernel that moves no weight does; "weights" marks one that reads a weight table.
-CATEGORIES = ("weights", "attention", "norm", "rope", "kv_write", "copy", "elementwise",
+# What a kernel that moves no weight does; "weights" marks one that reads a weight table,
+# "constant" one that reads no buffer at all (it writes the same bytes every token).
+CATEGORIES = ("weights", "attention", "norm", "rope", "kv_write", "constant", "copy", "elementwise",
               "sampling", "other")
 
 # How a kernel pass timed its kernels. In-graph timings time the replay users run; the others
@@ -82,6 +83,8 @@ class Kernel:
     global_size: list[int] | None = None
     local_size: list[int] | None = None
     opts: list[str] | None = None
+    reads_buffers: int | None = None   # input buffers it reads (0: it computes a constant)
+    writes_bytes: int | None = None    # bytes of the buffers it writes
 
 
 @dataclass
@@ -164,6 +167,8 @@ _KERNEL_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                    "a list of positive whole numbers or null"),
     "opts": (lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
              "a list of strings or null"),
+    "reads_buffers": (lambda v: v is None or (_is_int(v) and v >= 0), "a whole number >= 0 or null"),
+    "writes_bytes": (lambda v: v is None or (_is_int(v) and v >= 0), "a byte count or null"),
 }
 
 

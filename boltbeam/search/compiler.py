@@ -87,8 +87,9 @@ def _hooks(sources: dict, shapes: dict):
 
 
 def capture(model: str, census, device: str, context: int,
-            progress: Callable[[str], None] = lambda s: None) -> list[Captured]:
-    """The distinct kernels of one decode token of `model` on `device`, with their launches per token."""
+            progress: Callable[[str], None] = lambda s: None, prepare: list[Callable] | None = None) -> list[Captured]:
+    """The distinct kernels of one decode token of `model` on `device`, with their launches per token.
+    `prepare`: generated route families applied to the loaded model first, as `profile` applies them."""
     from tinygrad import Context
     from tinygrad.engine import realize
     from tinygrad.llm.model import Transformer
@@ -101,6 +102,9 @@ def capture(model: str, census, device: str, context: int,
         progress("loading")
         prompt = prompt_tokens(context, census.facts.vocabulary)
         net, _ = Transformer.from_gguf(pathlib.Path(model), kv_positions(census, len(prompt) + 8))
+        for family in prepare or []:
+            progress("building the generated route families")
+            family(net, census, model)
         gen = net.generate(list(prompt))
         with Context(JIT=2):
             next(gen)

@@ -1,0 +1,53 @@
+"""Constants once: a tensor that reads nothing is computed once, not inside every replay of the JIT.
+
+tinygrad keeps tensors lazy until realized, so a table built from aranges and sines (a rotary
+position table, say) becomes kernels inside the decode JIT, recomputed every token though it reads
+no input and writes the same bytes each time. This family finds such tensors by that fact alone
+(a graph with no buffer and no variable in it), never by name, and realizes them before the decode
+JIT captures. A block makes its state on its first call, so the family runs right after the
+block's own `_init_state` (tinygrad.llm's hook for that).
+"""
+from __future__ import annotations
+
+import time
+
+from boltbeam.measure.tinygrad_run import Prepared
+
+FAMILY = "constants-once"
+
+
+def is_constant(t) -> bool:
+    """An unrealized tensor whose graph reads no buffer and no variable: the same bytes every time."""
+    from tinygrad.uop.ops import Ops
+    if t.uop.base.is_realized:
+        return False
+    return not any(u.op in (Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_VAR, Ops.BIND) for u in t.uop.toposort())
+
+
+def realize_constants(obj, prepared: Prepared) -> None:
+    """Realize every constant tensor attribute of `obj` in place, and count it."""
+    from tinygrad import Tensor
+    for value in vars(obj).values():
+        if isinstance(value, Tensor) and is_constant(value):
+            t0 = time.perf_counter()
+            value.realize()
+            prepared.applied += 1
+            prepared.eligible += 1
+            prepared.bytes += value.nbytes()
+            prepared.seconds += time.perf_counter() - t0
+
+
+def install(net, census=None, model_path: str | None = None) -> Prepared:
+    """Wrap each block's state initialisation so the constants it makes are realized at once."""
+    prepared = Prepared(FAMILY, {})
+    realize_constants(net, prepared)
+    for block in getattr(net, "blk", []):
+        init = getattr(block, "_init_state", None)
+        if init is None:
+            continue
+
+        def init_then_realize(x, init=init, block=block):
+            init(x)
+            realize_constants(block, prepared)
+        block._init_state = init_then_realize
+    return prepared

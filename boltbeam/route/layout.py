@@ -1,0 +1,288 @@
+"""Layout at load: a GGUF weight's blocks repacked once, on the device, with tinygrad, into planes.
+
+GGML blocks interleave values and scales in odd-sized records (Q6_K's is 210 bytes), so a kernel
+reading them cannot use wide aligned loads and decodes packed scale fields for every element. The
+repacked layout splits one matrix into row-major planes: the values' low 4 bits two per byte, their
+high bits (a 5- or 6-bit format) packed beside, and one scale and one offset per group of elements
+(or a single zero point when every group's offset is a whole multiple of its scale).
+
+It is generated from four facts per format in formats.toml (`values`: bits, group, signed, the byte
+fields holding values), never written per format: tinygrad's own decoder (`ggml_data_to_tensor`,
+the default route's math) decodes the blocks as they are, with their value bytes zeroed (each
+group's offset) and with every value set to one (offset + scale); each value is then
+round((weight - offset) / scale). A format tinygrad decodes and formats.toml describes gets the layout.
+
+`Setting` is the family's knobs: the scales' data type and the gemv's form ("expanded" decodes each
+weight and multiplies; "factored" sums value x activation per group, then scales the group once).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from boltbeam.bound.roofline import formats
+from boltbeam.errors import BadInput
+from boltbeam.measure.tinygrad_run import Prepared
+
+SCALE_DTYPES = ("float16", "float32")
+FORMS = ("expanded", "factored")
+
+
+@dataclass(frozen=True)
+class Values:
+    """How a format stores its values (formats.toml `values`)."""
+    bits: int
+    group: int
+    signed: bool
+    fields: tuple[tuple[int, int, int], ...]   # (start, end, the byte that stores value 1)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the repacked-layout family."""
+    scale_dtype: str = "float16"
+    form: str = "expanded"
+
+    def __post_init__(self):
+        if self.scale_dtype not in SCALE_DTYPES or self.form not in FORMS:
+            raise BadInput(f"layout setting {self}: scale_dtype must be one of {SCALE_DTYPES}, form one of {FORMS}")
+
+
+def values_of(fmt: str) -> Values | None:
+    """The format's value description, or None when the layout family cannot repack it."""
+    v = formats().get(fmt, {}).get("values")
+    if v is None:
+        return None
+    return Values(int(v["bits"]), int(v["group"]), bool(v["signed"]), tuple(tuple(int(x) for x in f) for f in v["fields"]))
+
+
+def formats_with_layout() -> list[str]:
+    return [name for name, f in formats().items() if "values" in f]
+
+
+def _patterns(values: Values, block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block byte: 1 where it is kept (not a value byte), and the byte that stores value 1."""
+    keep, one = np.ones(block_bytes, np.uint8), np.zeros(block_bytes, np.uint8)
+    for start, end, byte in values.fields:
+        keep[start:end], one[start:end] = 0, byte
+    return keep, one
+
+
+@dataclass
+class Planes:
+    """One weight matrix (rows x cols) in the repacked layout, as lazy or realized tinygrad tensors."""
+    rows: int
+    cols: int
+    bits: int
+    group: int
+    low: Any             # uint8 (rows, cols/2): two 4-bit values per byte; (rows, cols) when bits == 8
+    high: Any | None     # uint8 (rows, cols*(bits-4)/8): the high bits of 5- and 6-bit values
+    scale: Any           # (rows, cols/group)
+    offset: Any | None   # (rows, cols/group), or None: every offset is -zero x scale
+    zero: int = 0
+
+    def tensors(self) -> list:
+        return [t for t in (self.low, self.high, self.scale, self.offset) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes() for t in self.tensors())
+
+    def values(self):
+        """(rows, cols) unsigned values as float32."""
+        from tinygrad import dtypes
+        if self.bits == 8:
+            return self.low.cast(dtypes.float32)
+        u = _unpack(self.low, 4).reshape(self.rows, self.cols)
+        if self.high is not None:
+            u = u.bitwise_or(_unpack(self.high, self.bits - 4).reshape(self.rows, self.cols).lshift(4))
+        return u.cast(dtypes.float32)
+
+    def _grouped(self, t):
+        return t.reshape(self.rows, self.cols // self.group, self.group)
+
+    def weights(self):
+        """(rows, cols) float32 weights: scale x (value - zero) + offset."""
+        from tinygrad import dtypes
+        s = self.scale.cast(dtypes.float32).unsqueeze(-1)
+        w = (self._grouped(self.values()) - self.zero) * s
+        if self.offset is not None:
+            w = w + self.offset.cast(dtypes.float32).unsqueeze(-1)
+        return w.reshape(self.rows, self.cols)
+
+    def gemv(self, x, form: str):
+        """x (..., cols) float -> (..., rows): the weight's product, in the setting's form."""
+        from tinygrad import dtypes
+        if form == "expanded":
+            return x.matmul(self.weights().T)
+        g = self.cols // self.group
+        xg = x.reshape(*x.shape[:-1], 1, g, self.group)                       # (..., 1, G, group)
+        inner = (self._grouped(self.values()) * xg).sum(-1)                  # (..., rows, G)
+        s = self.scale.cast(dtypes.float32)
+        y = (inner * s).sum(-1)
+        xsum = xg.sum(-1)                                                    # (..., 1, G)
+        y = y - self.zero * (xsum * s).sum(-1) if self.zero else y
+        if self.offset is not None:
+            y = y + (xsum * self.offset.cast(dtypes.float32)).sum(-1)
+        return y
+
+
+def _unpack(packed, width: int):
+    """The inverse of _pack: (..., n) bytes -> (..., n, 8/width) values, the lowest bits first."""
+    from tinygrad import Tensor
+    mask = (1 << width) - 1
+    return Tensor.stack(*[packed.rshift(width * j).bitwise_and(mask) for j in range(8 // width)], dim=-1)
+
+
+def _pack(u, width: int):
+    """uint8 values below 2**width, 8/width of them per byte, the first in the lowest bits."""
+    from tinygrad import dtypes
+    per = 8 // width
+    u = u.reshape(*u.shape[:-1], u.shape[-1] // per, per)
+    packed = u[..., 0]
+    for j in range(1, per):
+        packed = packed.bitwise_or(u[..., j].lshift(width * j))
+    return packed.cast(dtypes.uint8)
+
+
+def repack(blocks, ggml_type: int, fmt: str, rows: int, cols: int, scale_dtype: str = "float16") -> Planes:
+    """A (rows x cols) weight's GGUF blocks (uint8, rows*cols/elements x block bytes) -> its planes, lazy."""
+    from tinygrad import Tensor, dtypes
+    from tinygrad.llm.gguf import ggml_data_to_tensor
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    values = values_of(fmt)
+    if values is None:
+        raise BadInput(f"format {fmt}: formats.toml does not describe its values, so the repacked layout cannot take it "
+                       f"(search-space-incomplete)")
+    elements, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt]]
+    if cols % elements:
+        raise BadInput(f"format {fmt}: rows of {cols} elements are not whole blocks")
+    n, dev = rows * cols, blocks.device
+    blocks = blocks.reshape(-1, block_bytes)
+    keep_np, one_np = _patterns(values, block_bytes)
+    keep, one = Tensor(keep_np, device=dev), Tensor(one_np, device=dev)
+    decode = lambda b: ggml_data_to_tensor(b.flatten(), n, ggml_type).reshape(rows, cols // values.group, values.group)
+    w = decode(blocks)
+    offset = decode(blocks * keep)[:, :, 0].contiguous().realize()
+    scale = (decode(blocks * keep + one)[:, :, 0] - offset).contiguous().realize()
+    lo, hi = (-(1 << (values.bits - 1)), (1 << (values.bits - 1)) - 1) if values.signed else (0, (1 << values.bits) - 1)
+    q = (scale.unsqueeze(-1) != 0).where((w - offset.unsqueeze(-1)) / scale.unsqueeze(-1), 0).round().clip(lo, hi)
+    if values.signed:   # stored unsigned: value + 2**(bits-1), the offset takes it back
+        q, offset = q - lo, offset + lo * scale
+    u = q.reshape(rows, cols).cast(dtypes.uint8)
+    low = u if values.bits == 8 else _pack(u.bitwise_and(15), 4)
+    high = _pack(u.rshift(4), values.bits - 4) if 4 < values.bits < 8 else None
+    zero = _zero_point(scale, offset)
+    sdt = getattr(dtypes, scale_dtype)
+    return Planes(rows, cols, values.bits, values.group, low, high, scale.cast(sdt),
+                  None if zero is not None else offset.cast(sdt), zero or 0)
+
+
+def _zero_point(scale, offset) -> int | None:
+    """The one whole number z with offset == -z x scale in every group, if there is one (realizes)."""
+    biggest = float(scale.abs().max().item())
+    if biggest == 0:
+        return 0 if float(offset.abs().max().item()) == 0 else None
+    z = round(float((scale.abs() == biggest).where(-offset / scale, float("-inf")).max().item()))
+    exact = ((offset + z * scale).abs() <= 1e-6 * scale.abs()).all().item()
+    return z if exact else None
+
+
+def _matches(planes: Planes, ref) -> bool:
+    """The planes decode to the default route's weights, within its own rounding to fp16."""
+    from tinygrad import Tensor
+    err, top = Tensor.stack((planes.weights() - ref).abs().max(), ref.abs().max()).tolist()
+    return err <= 2e-3 * top
+
+
+def _reordered(planes: Planes, ref, most_rows: int = 16384) -> Planes | None:
+    """The planes with their rows in the order the model's loader put them (some loaders permute a
+    projection's rows), found by matching rows on four random projections, then checked whole."""
+    from tinygrad import Tensor
+    if planes.rows > most_rows:
+        return None
+    probe = Tensor(np.random.default_rng(0).standard_normal((planes.cols, 4)).astype(np.float32), device=ref.device)
+    want, have = (ref @ probe).numpy(), (planes.weights() @ probe).numpy()
+    order = np.array([int(np.argmin(((have - row) ** 2).sum(1))) for row in want])
+    if len(set(order.tolist())) != planes.rows:
+        return None
+    idx = Tensor(order.astype(np.int32), device=ref.device)
+    moved = [None if t is None else t[idx].contiguous() for t in (planes.low, planes.high, planes.scale, planes.offset)]
+    out = Planes(planes.rows, planes.cols, planes.bits, planes.group, *moved, zero=planes.zero)
+    Tensor.realize(*out.tensors())
+    return out if _matches(out, ref) else None
+
+
+class LayoutLinear:
+    """Stands in for a model's linear layer: the same product, read from the planes."""
+    def __init__(self, planes: Planes, bias, form: str):
+        self.planes, self.bias, self.form = planes, bias, form
+
+    def __call__(self, x):
+        y = self.planes.gemv(x, self.form)
+        return y if self.bias is None else y + self.bias
+
+
+def _module(net, path: str):
+    """The attribute a GGUF tensor name ("blk.3.ffn_up") loads into, or None."""
+    obj, parents = net, []
+    for part in path.split("."):
+        parents.append((obj, part))
+        obj = obj[int(part)] if part.isdigit() and isinstance(obj, list) else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return parents[-1][0], parents[-1][1], obj
+
+
+def install(net, census, model_path: str, setting: Setting, progress=None) -> Prepared:
+    """Repack every linear layer whose format the family takes, on the model's device, and swap it in.
+
+    Each repacked matrix is checked against the weight the default route would use (tinygrad's
+    decode, rounded to fp16); where the loader reordered a projection's rows, the planes' rows follow.
+    A layer that matches in no row order keeps the default route and is named in the notes."""
+    import pathlib
+    import time
+
+    from gguf import GGMLQuantizationType
+    from tinygrad import Tensor, nn
+
+    t0 = time.perf_counter()
+    blob = Tensor(pathlib.Path(model_path))
+    placed: dict[int, Any] = {}
+    notes: list[str] = []
+    done = eligible = nbytes = 0
+    for t in census.tensors:
+        if len(t.shape) != 2 or values_of(t.format) is None:
+            continue
+        name = "output" if t.tied else t.name.removesuffix(".weight")
+        found = _module(net, name)
+        if found is None or not isinstance(found[2], nn.Linear):
+            continue
+        eligible += 1
+        parent, attr, linear = found
+        cols, rows = t.shape
+        blocks = blob[t.data_offset:t.data_offset + t.bytes].to(linear.weight.device)
+        planes = repack(blocks, GGMLQuantizationType[t.format].value, t.format, rows, cols, setting.scale_dtype)
+        Tensor.realize(*planes.tensors())
+        ref = linear.weight.float()
+        if not _matches(planes, ref) and (planes := _reordered(planes, ref)) is None:
+            notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
+            continue
+        if isinstance(parent, list):
+            parent[int(attr)] = LayoutLinear(planes, linear.bias, setting.form)
+        else:
+            setattr(parent, attr, LayoutLinear(planes, linear.bias, setting.form))
+        for p in planes.tensors():
+            placed[id(p.uop.base.buffer.base)] = t
+        done += 1
+        nbytes += planes.nbytes
+        if progress:
+            progress("layout", 1)
+    if not eligible:
+        raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
+                       f"({', '.join(formats_with_layout())}); run without --layout")
+    return Prepared("generated-layout", {"scale_dtype": setting.scale_dtype, "form": setting.form}, applied=done,
+                    eligible=eligible, bytes=nbytes, seconds=time.perf_counter() - t0, placed=placed, notes=notes)

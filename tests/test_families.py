@@ -1,0 +1,167 @@
+"""Generated route families on CPU. The repacked layout: generated from formats.toml's description of
+each format, checked against tinygrad's own decode (the default route's math) for every format it
+takes. Constants once: tensors that read nothing, found by that fact and computed once."""
+import json
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from boltbeam.bound.roofline import formats
+from boltbeam.cli import main
+from boltbeam.errors import BadInput
+from boltbeam.read.census import take_census
+from boltbeam.account.tieout import account
+from boltbeam.bound.roofline import bound
+from boltbeam.bound.targets import get_target
+from boltbeam.route import constants, layout
+from tests.test_profile import profile
+
+ROWS, COLS = 8, 512
+
+
+def blocks(fmt: str, rng, rows: int = ROWS, cols: int = COLS):
+    from tinygrad import Tensor
+    elements, size = GGML_QUANT_SIZES[GGMLQuantizationType[fmt]]
+    b = np.frombuffer(rng.bytes(rows * cols // elements * size), np.uint8).reshape(-1, size).copy()
+    for off in formats()[fmt]["half_fields"]:     # finite scales of either sign
+        b[:, off:off + 2] = rng.uniform(-1e-2, 1e-2, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return Tensor(b)
+
+
+def reference(b, fmt: str, rows: int = ROWS, cols: int = COLS) -> np.ndarray:
+    from tinygrad.llm.gguf import ggml_data_to_tensor
+    return ggml_data_to_tensor(b.flatten(), rows * cols, GGMLQuantizationType[fmt].value).reshape(rows, cols).numpy()
+
+
+def test_every_format_the_models_use_has_the_family():
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"} <= set(layout.formats_with_layout())
+    for fmt in layout.formats_with_layout():
+        assert "repacked-layout" in formats()[fmt]["routes"]
+
+
+@pytest.mark.parametrize("fmt", layout.formats_with_layout())
+def test_repacked_weights_and_products_equal_tinygrads_decode(fmt):
+    rng = np.random.default_rng(7)
+    b = blocks(fmt, rng)
+    ref = reference(b, fmt)
+    x = rng.standard_normal(COLS).astype(np.float32)
+    from tinygrad import Tensor
+    xt = Tensor(x).reshape(1, 1, COLS)
+    for scale_dtype, tol in (("float32", 1e-6), ("float16", 2 ** -10)):
+        p = layout.repack(b, GGMLQuantizationType[fmt].value, fmt, ROWS, COLS, scale_dtype)
+        w = p.weights().numpy()
+        # float32 scales reproduce the decode (to the last bits of the fp32 products); float16 scales
+        # round each group's scale and offset once, as the default route rounds every weight to fp16.
+        assert np.abs(w - ref).max() <= tol * np.abs(ref).max(), (fmt, scale_dtype)
+        for form in layout.FORMS:
+            y = p.gemv(xt, form).numpy().ravel()
+            assert np.abs(y - ref @ x).max() <= max(tol, 1e-5) * np.abs(ref @ x).max(), (fmt, scale_dtype, form)
+    values = layout.values_of(fmt)
+    assert p.low.shape == ((ROWS, COLS) if values.bits == 8 else (ROWS, COLS // 2))
+    assert (p.high is None) == (values.bits in (4, 8))
+
+
+def test_zero_point_replaces_the_offset_plane_only_where_it_is_exact():
+    rng = np.random.default_rng(1)
+    q4_0 = layout.repack(blocks("Q4_0", rng), 2, "Q4_0", ROWS, COLS)
+    assert q4_0.offset is None and q4_0.zero == 8
+    q4_1 = layout.repack(blocks("Q4_1", rng), 3, "Q4_1", ROWS, COLS)
+    assert q4_1.offset is not None and q4_1.zero == 0
+    # A legacy format with float16 scales moves exactly its GGUF bytes, rearranged.
+    assert q4_0.nbytes == ROWS * COLS // 32 * 18 and q4_1.nbytes == ROWS * COLS // 32 * 20
+
+
+def test_a_wrong_description_is_caught_by_the_decode_check(monkeypatch):
+    rng = np.random.default_rng(2)
+    b = blocks("Q4_0", rng)
+    right = layout.values_of("Q4_0")
+    # Offsets and scales are read off each group's first element, so a group that spans two blocks
+    # gives the second block the first one's scale.
+    wrong = layout.Values(right.bits, 2 * right.group, right.signed, right.fields)
+    monkeypatch.setattr(layout, "values_of", lambda fmt: wrong)
+    w = layout.repack(b, 2, "Q4_0", ROWS, COLS).weights().numpy()
+    assert np.abs(w - reference(b, "Q4_0")).max() > 1e-3 * np.abs(reference(b, "Q4_0")).max()
+
+
+def test_rows_the_loader_reordered_are_followed():
+    from tinygrad import Tensor
+    rng = np.random.default_rng(3)
+    p = layout.repack(blocks("Q4_K", rng, rows=64), 12, "Q4_K", 64, COLS, "float32")
+    order = rng.permutation(64)
+    ref = Tensor(p.weights().numpy()[order])
+    assert not layout._matches(p, ref)
+    moved = layout._reordered(p, ref)
+    assert moved is not None and np.array_equal(moved.weights().numpy(), ref.numpy())
+    assert layout._reordered(p, Tensor(rng.standard_normal((64, COLS)).astype(np.float32))) is None
+
+
+def test_a_format_without_a_description_is_search_space_incomplete():
+    from tinygrad import Tensor
+    with pytest.raises(BadInput, match="search-space-incomplete"):
+        layout.repack(Tensor.zeros(2, 176).cast("uint8"), 13, "Q5_K", 1, 512)
+    with pytest.raises(BadInput, match="scale_dtype"):
+        layout.Setting("bfloat8", "expanded")
+
+
+def test_constants_are_found_by_what_they_read():
+    from tinygrad import Tensor, UOp
+    table = (Tensor.arange(16).float() * 0.5).sin().contiguous()
+    assert constants.is_constant(table)
+    weights = Tensor.ones(16).contiguous().realize()
+    assert not constants.is_constant(weights * 2) and not constants.is_constant(weights)
+    pos = UOp.variable("pos", 0, 15)
+    assert not constants.is_constant(Tensor.arange(16).float()[pos.bind(3)] + 1)
+
+
+def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
+    default = profile(tiny_model, tmp_path / "default.json", "--context", "4", "--tokens", "2")
+    routed = profile(tiny_model, tmp_path / "layout.json", "--context", "4", "--tokens", "2", "--layout", "float32:expanded")
+    once = profile(tiny_model, tmp_path / "once.json", "--context", "4", "--tokens", "2", "--constants-once")
+    lay = routed.route["settings"]["families"]["generated-layout"]
+    assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
+    assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
+    # The same greedy tokens, and every weight role still found: the classifier follows the new planes.
+    assert routed.output_tokens == default.output_tokens == once.output_tokens
+    roles = lambda t: sorted(k.role for k in t.kernels_of_token(0) if k.category == "weights")
+    assert roles(routed) == roles(default) == roles(once)
+    # The default route recomputes the rotary table every token: kernels that read no buffer. The
+    # account names that cause with the bytes; constants-once leaves no such kernel.
+    made = [k for k in default.kernels_of_token(0) if k.category == "constant"]
+    assert made and all(k.reads_buffers == 0 and k.writes_bytes > 0 for k in made)
+    h200 = get_target("h200")
+    acc = account(default, bound(take_census(tiny_model), h200, context=default.workload["context"], batch=1), h200)
+    line = next(line for line in acc.lines if line.cause == "constant")
+    assert f"write {sum(k.writes_bytes for k in made):,} B" in line.detail and line.kernels == len(made)
+    assert once.route["label"] == "constants-once + tinygrad-scheduler"
+    assert once.route["settings"]["families"]["constants-once"]["applied"] >= 1
+    assert not any(k.category == "constant" for k in once.kernels_of_token(0))
+
+
+def test_bad_layout_flags_and_route_layouts(tiny_model, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--layout", "float16"]) == 2
+    assert "SCALES:FORM" in capsys.readouterr().err and not out.exists()
+    assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--layout", "float16:sideways"]) == 2
+    assert "form one of" in capsys.readouterr().err and not out.exists()
+    route = {"format": "boltbeam-route", "version": 1, "model_sha256": None, "engine": "tinygrad 0.13.0",
+             "device": "CPU", "target": "t", "family": "tinygrad_opts", "provenance": "generated by search",
+             "choices": [], "layout": {"scale_dtype": "float16", "shape": "square"}}
+    (tmp_path / "r.json").write_text(json.dumps(route))
+    assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--route", str(tmp_path / "r.json")]) == 2
+    assert "scale_dtype and form" in capsys.readouterr().err and not out.exists()
+
+
+def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tmp_path):
+    """The search times the kernels of the token as the families make it; its route carries the families,
+    so a fresh process rebuilds them and every routed kernel is found again."""
+    from tests.test_search import _ok, _run, search_cmd
+    out = tmp_path / "search"
+    _ok(_run(search_cmd(tiny_model, out, tmp_path / "ledger.sqlite", "--budget", "1", "--no-judge",
+                        "--layout", "float32:expanded", "--constants-once")))
+    route = json.loads((out / "route.json").read_text())
+    assert route["layout"] == {"scale_dtype": "float32", "form": "expanded"} and route["constants_once"] is True
+    assert route["choices"]
+    routed = profile(tiny_model, tmp_path / "routed.json", "--context", "8", "--tokens", "2", "--route", str(out / "route.json"))
+    assert routed.route["label"] == "generated-layout + constants-once + boltbeam-search"
+    assert routed.route["settings"]["kernels_applied"] == len(route["choices"])
