@@ -109,7 +109,8 @@ def test_lines_add_up_to_the_wall(tiny_bound):
     down = line(acc, "ffn_down")
     assert down.kind == "role" and down.measured_us == pytest.approx(tiny_bound.role("ffn_down").floor_us + 100.0)
     assert down.us == pytest.approx(down.measured_us - tiny_bound.role("ffn_down").floor_us)
-    assert down.cause == "unexplained" and "draws" in down.detail
+    # No measured cause; the GGML blocks its kernels decode in place are the one that names a fix.
+    assert down.causes == ["unpacking"] and "draw" in down.detail and "repacked-layout" in down.detail
     assert line(acc, "attention").us == pytest.approx(7.0 - tiny_bound.role("kv_cache").floor_us)
     assert line(acc, "activations").us == pytest.approx(-tiny_bound.role("activations").floor_us)
     assert line(acc, "copy").cause == "boundary" and line(acc, "attention").cause == "attention"
@@ -240,7 +241,25 @@ def test_global_size_counts_threads_without_a_local_size(tiny_bound):
 
 def test_huge_launch_is_not_starving(tiny_bound):
     down = one_role_account(tiny_bound, "ffn_down", global_size=[4096], local_size=[256])
-    assert "starving" not in down.causes and down.cause == "unexplained"
+    assert "starving" not in down.causes and down.cause == "unpacking"
+
+
+def test_unpacking_names_the_layout_only_where_blocks_are_decoded_in_place(tiny_bound):
+    ks = token([kernel(tiny_bound.role(r).floor_us * 9, r, bytes=tiny_bound.role(r).bytes, global_size=[4096],
+                       local_size=[256]) for r in ("ffn_down", "ffn_up")])
+    wall = [span(ks)]
+    blocks = account(make_trace([ks], wall, wall), tiny_bound, H200)
+    formats_of = lambda role: {t.format for t in tiny_bound.tensors if t.role == role}
+    assert formats_of("ffn_down") == {"Q4_K", "Q6_K"} and formats_of("ffn_up") == {"Q4_K"}   # the Q4_K_M mix
+    down, up = line(blocks, "ffn_down"), line(blocks, "ffn_up")
+    assert down.cause == up.cause == "unpacking"
+    assert "Q6_K in 210-byte records of 256 values" in down.detail and "not a whole number of 16-byte loads" in down.detail
+    assert "Q4_K in 144-byte records" in up.detail and "16-byte loads" not in up.detail    # 144 = 9 x 16
+    drawn = tiny_bound.role("ffn_up").bytes / line(blocks, "ffn_up").measured_us * 1e6
+    assert f"{drawn / H200.bandwidth:.1%} of" in up.detail
+    planes = make_trace([ks], wall, wall)
+    planes.route = {"label": "generated-layout + tinygrad-scheduler"}
+    assert line(account(planes, tiny_bound, H200), "ffn_down").cause == "unexplained"
 
 
 def test_extra_bytes_are_a_cause(tiny_bound):
@@ -258,7 +277,7 @@ def test_compute_floor_is_the_primary_cause(model):
     ks = token([kernel(b.role("ffn_down").floor_us + 50.0, "ffn_down", bytes=b.role("ffn_down").bytes,
                        global_size=[32], local_size=[32])])
     down = line(account(make_trace([ks], [ks[0].duration_us], [ks[0].duration_us]), b, target), "ffn_down")
-    assert down.causes == ["compute", "starving"] and "floor binds on peak_fp32" in down.detail
+    assert down.causes == ["compute", "starving", "unpacking"] and "floor binds on peak_fp32" in down.detail
 
 
 # --- the timeline ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any, Iterable
 
-from boltbeam.bound.roofline import Bound
+from boltbeam.bound.roofline import Bound, formats
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
@@ -55,7 +55,7 @@ METHOD = "median per token"
 # Cause of each category of kernel that reads no weights: needed work is named for itself; a
 # launch, copy or conversion that need not exist is a "boundary".
 BOUNDARY_CAUSES = {"attention": "attention", "kv_write": "kv", "rope": "rope", "sampling": "sampling",
-                   "norm": "norm", "weights": "unattributed", "copy": "boundary",
+                   "norm": "norm", "weights": "unattributed", "constant": "constant", "copy": "boundary",
                    "elementwise": "boundary", "other": "boundary"}
 
 
@@ -233,6 +233,27 @@ def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us
     return _Cause("starving", sentence, min(gap_us, max(0.0, least_us - floor_us)))
 
 
+def _unpacking(role: str, bound: Bound, measured_us: float, floor_bytes: int, planes: bool,
+               load_bytes: int) -> _Cause | None:
+    """GGML blocks decoded in place by the role's own kernels, where the repacked-layout family could
+    read them as planes: the block records' facts (gguf's sizes) and the draw the kernels reached."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    formats_here = sorted({t.format for t in bound.tensors if t.role == role and t.format})
+    takes = [f for f in formats_here if "repacked-layout" in formats().get(f, {}).get("routes", [])]
+    if planes or not takes or not measured_us:
+        return None
+    records = []
+    for f in takes:
+        elements, size = GGML_QUANT_SIZES[GGMLQuantizationType[f]]
+        aligned = "" if size % load_bytes == 0 else f", not a whole number of {load_bytes}-byte loads"
+        records.append(f"{f} in {size}-byte records of {elements} values with their scales inside{aligned}")
+    drawn = floor_bytes / measured_us * 1e6
+    return _Cause("unpacking", f"unpacking: its kernels decode the blocks in place ({'; '.join(records)}) and draw "
+                               f"{_rate(drawn)} for its floor's bytes, {drawn / bound.bandwidth_bytes_per_s:.1%} of "
+                               f"{_rate(bound.bandwidth_bytes_per_s)}; the repacked-layout family reads them as planes "
+                               f"(boltbeam profile --layout)", 0.0)
+
+
 def _causes(floor_line: BoundLine, kernels: list[Kernel], moved_bytes: float | None, gap_us: float,
             target: Target, bandwidth: float, load_bytes: int) -> tuple[list[_Cause], list[str]]:
     """The causes that apply to a role's gap, primary first, and sentences on what could not be judged.
@@ -311,6 +332,7 @@ def _token_sums(kernels: list[Kernel]) -> dict[str, float]:
         d[key] += k.duration_us
         d[f"n:{key}"] += 1
         d[f"bytes:{key}"] += k.bytes or 0
+        d[f"written:{key}"] += k.writes_bytes or 0
         d["kernels"] += k.duration_us
     return d
 
@@ -320,6 +342,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
     """Each weight role's time above its floor, with its causes; biggest gap first."""
     bandwidth = bound.bandwidth_bytes_per_s
     by_role = {r.role: r for r in bound.roles}
+    planes = "generated-layout" in str(trace.route.get("label", ""))     # the weights were read as planes
     kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
     for k in trace.kernels:
         if role := role_of(k):
@@ -354,6 +377,8 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
         bytes_known = all(k.bytes is not None for k in kernels_of_role[role])
         moved = _median_of(per_token, f"bytes:{key}") if bytes_known else None
         causes, unjudged = _causes(bl, kernels_of_role[role], moved, gap, target, bandwidth, load_bytes)
+        if unpacking := _unpacking(role, bound, measured, bl.bytes, planes, load_bytes):
+            causes.append(unpacking)    # explains no measured share of the gap: listed last, primary only alone
         if causes:
             sentences = [c.sentence for c in causes]
         else:
@@ -389,6 +414,13 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
                                    f"attention: {n} kernel(s), {_us(measured)} against the KV cache's floor of "
                                    f"{_us(kv.floor_us)} ({kv.bytes:,} B read and written at context {bound.context})",
                                    measured_us=measured, floor_us=kv.floor_us, kernels=n))
+            continue
+        if cat == "constant":
+            written = _median_of(per_token, "written:cat:constant")
+            boundaries.append(Line(label, "boundary", measured, "constant",
+                                   f"constant: {n} kernel(s), {_us(measured)}: a constant recomputed every token: they read "
+                                   f"nothing and write {written:,.0f} B (the constants-once family computes it once)",
+                                   measured_us=measured, kernels=n))
             continue
         what = {"unattributed": "they read weights but the trace names no role",
                 "boundary": "a launch, copy or conversion that need not exist"}.get(BOUNDARY_CAUSES[cat], "needed work")
