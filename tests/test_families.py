@@ -2,6 +2,7 @@
 each format, checked against tinygrad's own decode (the default route's math) for every format it
 takes. Constants once: tensors that read nothing, found by that fact and computed once."""
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from boltbeam.bound.roofline import formats
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
+from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.read.census import take_census
 from boltbeam.account.tieout import account
 from boltbeam.bound.roofline import bound
@@ -38,6 +40,9 @@ def test_every_format_the_models_use_has_the_family():
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"} <= set(layout.formats_with_layout())
     for fmt in layout.formats_with_layout():
         assert "repacked-layout" in formats()[fmt]["routes"]
+    from boltbeam.search.space import families
+    fam = families()[layout.FAMILY]        # its knobs live in spaces.toml, beside the searched families
+    assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "factored"}
 
 
 @pytest.mark.parametrize("fmt", layout.formats_with_layout())
@@ -165,3 +170,48 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "8", "--tokens", "2", "--route", str(out / "route.json"))
     assert routed.route["label"] == "generated-layout + constants-once + boltbeam-search"
     assert routed.route["settings"]["kernels_applied"] == len(route["choices"])
+
+
+def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
+    from boltbeam.route import choose
+    census = take_census(tiny_model)
+    flags = [f"{s.scale_dtype}:{s.form}" for s in choose.settings()]
+    assert sorted(flags) == ["float16:expanded", "float16:factored", "float32:expanded", "float32:factored"]
+    b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, choose.settings())}
+    assert b["float16:expanded"] < b["float32:expanded"] < b["float32:factored"]
+    assert b["float16:expanded"] < b["float16:factored"]
+    # A scale and an offset per group: float32 ones cost 4 bytes more a group than float16 ones.
+    taken = [t for t in census.tensors if layout.values_of(t.format) and len(t.shape) == 2
+             and t.role not in (None, "token_embd")]
+    groups = sum(t.elements // layout.values_of(t.format).group for t in taken)
+    assert taken and b["float32:expanded"] - b["float16:expanded"] == 4 * groups
+
+
+def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
+    from boltbeam.ledger.store import Ledger
+    from boltbeam.measure.route import engine
+    from tests.test_search import CPU_TARGETS, _ok, _run
+    ledger = tmp_path / "ledger.sqlite"
+    with Ledger(ledger) as led:     # an earlier verdict on one setting, valid until the compiler changes
+        led.append(candidate="repacked_layout float32:factored", verdict="refute", reasons=["two kernels a product"],
+                   scope={"setting": "float32:factored"}, evidence=[], reopen=f"engine!={engine()}", actor="test")
+    out = tmp_path / "layout"
+    done = _ok(_run([sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
+                     "--targets", CPU_TARGETS, "--family", "repacked_layout", "--context", "4", "--tokens", "5",
+                     "--ledger", str(ledger), "--out", str(out), "--json"]))
+    summary = json.loads(done.stdout)
+    cands = summary["candidates"]
+    assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 4
+    skipped = [c for c in cands if c["skipped"]]
+    assert [c["setting"] for c in skipped] == ["float32:factored"] and "two kernels a product" in skipped[0]["skipped"]
+    judged = [c for c in cands if not c["skipped"]]
+    assert all(c["verdict"] in VERDICTS and c["median_us"] > 0 for c in judged)
+    with Ledger(ledger, create=False) as led:
+        recorded = {e.scope.get("setting"): e for e in led.entries() if e.actor == "boltbeam search"}
+    assert set(recorded) == {c["setting"] for c in judged}
+    assert all(recorded[c["setting"]].verdict == c["verdict"] for c in judged)
+    promoted = [c for c in judged if c["verdict"] == "promote"]
+    assert (summary["chosen"] is None) == (not promoted) and (out / "route.json").exists() == bool(promoted)
+    if promoted:
+        route = json.loads((out / "route.json").read_text())
+        assert f"{route['layout']['scale_dtype']}:{route['layout']['form']}" == summary["chosen"]

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
+from boltbeam.route.layout import FAMILY as LAYOUT_FAMILY   # its settings are judged whole, not timed per kernel
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 6     # whole tokens per side for the judge (it needs at least 5)
@@ -29,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="the chip's declared facts (see `boltbeam targets`)")
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
-    p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search")
+    p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search "
+                   f"(tinygrad_opts: per kernel; {LAYOUT_FAMILY}: the generated layout, each setting judged on the "
+                   "whole token)")
     p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8)")
     p.add_argument("--seconds-per-kernel", type=float, default=30.0, metavar="S",
                    help="no new setting is timed for a kernel after S seconds of its own (default 30)")
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                        "and --context >= 0")
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
+    if args.family == LAYOUT_FAMILY:
+        return _choose_layout(model, target, args)
     fam = searchable(args.family)
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
@@ -119,6 +124,47 @@ def run(args: argparse.Namespace) -> int:
         _print(summary)
     if refused:
         raise Refused(refused)
+    return 0
+
+
+def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
+    """The repacked-layout family: each of its settings judged on the whole token (route/choose.py)."""
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    from boltbeam.files import sha256_file, writable_dir, write_json
+    from boltbeam.ledger.store import Ledger
+    from boltbeam.measure import route as routes
+    from boltbeam.read.census import take_census
+    from boltbeam.route.choose import choose, route_of
+    if args.tokens < 5 or args.context < 0:
+        raise BadInput("need --tokens >= 5 (the judge's minimum) and --context >= 0")
+    if args.layout or args.constants_once or args.no_judge:
+        raise BadInput(f"--family {LAYOUT_FAMILY} judges each layout setting itself: drop --layout, "
+                       "--constants-once and --no-judge")
+    census = take_census(model)
+    sha = sha256_file(model)
+    with Ledger(args.ledger) as ledger:
+        out = writable_dir(args.out)
+        with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
+                      console=report.console(), transient=True) as bar:
+            task = bar.add_task("judging the layout's settings", total=None)
+            choice = choose(model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
+                            lambda what: bar.update(task, description=escape(what)))
+    route = route_of(choice, sha, args.device, target.name)
+    if route:
+        routes.save(route, out / "route.json")
+    summary = {**choice.to_dict(), "route": str(out / "route.json") if route else None}
+    write_json(out / "search.json", summary)
+    if args.json:
+        report.print_json(summary)
+    else:
+        con = report.console()
+        con.print(report.table(f"layout settings in FutureSight's order (default route: {choice.baseline_median_us:,.1f} µs)",
+                               ["setting", "predicted µs", "median µs", "verdict", "why"],
+                               [[c.flag, f"{c.predicted_us:,.1f}", f"{c.median_us:,.1f}" if c.median_us else "",
+                                 c.verdict or "skipped", c.skipped or "; ".join(c.reasons)] for c in choice.candidates],
+                               right=(1, 2)))
+        con.print(f"chosen: {summary['chosen'] or 'none promoted: no route written'}")
     return 0
 
 

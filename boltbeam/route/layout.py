@@ -9,8 +9,9 @@ high bits (a 5- or 6-bit format) packed beside, and one scale and one offset per
 It is generated from four facts per format in formats.toml (`values`: bits, group, signed, the byte
 fields holding values), never written per format: tinygrad's own decoder (`ggml_data_to_tensor`,
 the default route's math) decodes the blocks as they are, with their value bytes zeroed (each
-group's offset) and with every value set to one (offset + scale); each value is then
-round((weight - offset) / scale). A format tinygrad decodes and formats.toml describes gets the layout.
+group's offset, read at the group's first element) and with every value set to one (offset +
+scale); each value is then round((weight - offset) / scale). A format tinygrad decodes and
+formats.toml describes gets the layout; a wrong group size shows up as a mismatch at load.
 
 `Setting` is the family's knobs: the scales' data type and the gemv's form ("expanded" decodes each
 weight and multiplies; "factored" sums value x activation per group, then scales the group once).
@@ -26,8 +27,9 @@ from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
 from boltbeam.measure.tinygrad_run import Prepared
 
-SCALE_DTYPES = ("float16", "float32")
-FORMS = ("expanded", "factored")
+SCALE_BYTES = {"float16": 2, "float32": 4}
+FORMS = ("expanded", "factored")        # the family's `factored` parameter: 0, 1
+FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,13 @@ class Setting:
     form: str = "expanded"
 
     def __post_init__(self):
-        if self.scale_dtype not in SCALE_DTYPES or self.form not in FORMS:
-            raise BadInput(f"layout setting {self}: scale_dtype must be one of {SCALE_DTYPES}, form one of {FORMS}")
+        from boltbeam.search.space import families
+        space = families()[FAMILY].parameters
+        dtypes = [d for d, b in SCALE_BYTES.items() if b in space["scale_bytes"]]
+        forms = [f for i, f in enumerate(FORMS) if i in space["factored"]]
+        if self.scale_dtype not in dtypes or self.form not in forms:
+            raise BadInput(f"layout setting {self.scale_dtype}:{self.form}: scale_dtype must be one of {', '.join(dtypes)}, "
+                           f"form one of {', '.join(forms)} (spaces.toml, family {FAMILY})")
 
 
 def values_of(fmt: str) -> Values | None:
