@@ -70,8 +70,9 @@ def _route_of(args: argparse.Namespace, model: str):
 
 def families_of(layout, constants_once: bool) -> list:
     """The generated route families to build on the loaded model, in order; none when switched off."""
+    from boltbeam.measure.route import env_off
     from boltbeam.route import constants, layout as layouts
-    if routes_off():
+    if env_off():
         return []
     families = []
     if layout is not None:
@@ -83,15 +84,11 @@ def families_of(layout, constants_once: bool) -> list:
     return families
 
 
-def routes_off() -> bool:
-    from boltbeam.measure.route import SWITCH
-    return os.environ.get(SWITCH, "").lower() == "none"
-
-
 def layout_of(flag: str | None, from_route: dict[str, str] | None):
     """The layout setting to build at load, from --layout or the route file; None when off."""
+    from boltbeam.measure.route import env_off
     from boltbeam.route.layout import Setting
-    if flag == "none" or routes_off():
+    if flag == "none" or env_off():
         return None
     if flag is not None:
         scale_dtype, sep, form = flag.partition(":")

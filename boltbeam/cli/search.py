@@ -16,7 +16,7 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.route.layout import FAMILY as LAYOUT_FAMILY   # its settings are judged whole, not timed per kernel
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
-JUDGE_TOKENS = 6     # whole tokens per side for the judge (it needs at least 5)
+JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared
 
 
 def register(sub: argparse._SubParsersAction) -> None:

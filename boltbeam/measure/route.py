@@ -120,8 +120,13 @@ def check_applies(route: Route, model_sha256: str | None, engine: str, path: str
                        f"this one {model_sha256[:12]}…)")
 
 
+def env_off() -> bool:
+    """BOLTBEAM_ROUTE=none: every route and generated family off."""
+    return os.environ.get(SWITCH, "").lower() == "none"
+
+
 def switched_off(route_arg: str | None) -> bool:
-    return route_arg in (None, "none") or os.environ.get(SWITCH, "").lower() == "none"
+    return route_arg in (None, "none") or env_off()
 
 
 def with_opts(ast, opts: tuple):

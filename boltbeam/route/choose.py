@@ -11,6 +11,7 @@ setting the ledger refuted in the same scope is not run again until its reopen c
 from __future__ import annotations
 
 import itertools
+from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -104,13 +105,13 @@ def choose(model: str, census, device: str, context: int, tokens: int, target: T
         j = judge(base, trace, Checks(expected_route="generated-layout + tinygrad-scheduler", candidate_id=candidate_id,
                                       reopen=f"engine!={engine()}"))
         c.verdict, c.reasons = j.verdict, j.reasons
-        c.median_us = sorted(trace.token_wall_us)[len(trace.token_wall_us) // 2]
+        c.median_us = median(trace.token_wall_us)
         ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={**j.scope, **scope,
                       "setting": c.flag, "predicted_us": c.predicted_us}, evidence=[str(out / "baseline.json"), str(path)],
                       reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
-    return LayoutChoice(sorted(base.token_wall_us)[len(base.token_wall_us) // 2], candidates, chosen)
+    return LayoutChoice(median(base.token_wall_us), candidates, chosen)
 
 
 def route_of(choice: LayoutChoice, sha: str, device: str, target: str) -> Route | None:
