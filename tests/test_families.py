@@ -101,6 +101,16 @@ def test_rows_the_loader_reordered_are_followed():
     assert layout._reordered(p, Tensor(rng.standard_normal((64, COLS)).astype(np.float32))) is None
 
 
+def test_non_finite_scales_repack_without_a_crash_and_never_match():
+    from tinygrad import Tensor
+    rng = np.random.default_rng(4)
+    b = blocks("Q4_0", rng).numpy()
+    b[:, 0:2] = np.full(len(b), np.nan, np.float16).view(np.uint8).reshape(-1, 2)     # hostile: NaN scales
+    p = layout.repack(Tensor(b), 2, "Q4_0", ROWS, COLS)
+    assert p.offset is not None                          # no zero point read off NaNs
+    assert not layout._matches(p, Tensor(reference(Tensor(b), "Q4_0")))   # install keeps the default route
+
+
 def test_a_format_without_a_description_is_search_space_incomplete():
     from tinygrad import Tensor
     with pytest.raises(BadInput, match="search-space-incomplete"):
