@@ -173,8 +173,9 @@ def repack(blocks, ggml_type: int, fmt: str, rows: int, cols: int, scale_dtype: 
     keep, one = Tensor(keep_np, device=dev), Tensor(one_np, device=dev)
     decode = lambda b: ggml_data_to_tensor(b.flatten(), n, ggml_type).reshape(rows, cols // values.group, values.group)
     w = decode(blocks)
-    offset = decode(blocks * keep)[:, :, 0].contiguous().realize()
-    scale = (decode(blocks * keep + one)[:, :, 0] - offset).contiguous().realize()
+    offset = decode(blocks * keep)[:, :, 0].contiguous()
+    scale = (decode(blocks * keep + one)[:, :, 0] - offset).contiguous()
+    Tensor.realize(offset, scale)
     lo, hi = (-(1 << (values.bits - 1)), (1 << (values.bits - 1)) - 1) if values.signed else (0, (1 << values.bits) - 1)
     q = (scale.unsqueeze(-1) != 0).where((w - offset.unsqueeze(-1)) / scale.unsqueeze(-1), 0).round().clip(lo, hi)
     if values.signed:   # stored unsigned: value + 2**(bits-1), the offset takes it back
@@ -189,15 +190,18 @@ def repack(blocks, ggml_type: int, fmt: str, rows: int, cols: int, scale_dtype: 
 
 
 def _zero_point(scale, offset) -> int | None:
-    """The one whole number z with offset == -z x scale in every group, if there is one (realizes)."""
-    biggest = float(scale.abs().max().item())
+    """The one whole number z with offset == -z x scale in every group, if there is one (one sync:
+    each realize walks every live tensor's graph, the whole model's among them)."""
+    from tinygrad import Tensor
+    big = scale.abs().max()
+    z = (scale.abs() == big).where(-offset / scale, float("-inf")).max().round()    # read off the largest scale
+    exact = ((offset + z * scale).abs() <= 1e-6 * scale.abs()).all()
+    biggest, z, exact, offsets = Tensor.stack(big, z, exact.float(), offset.abs().max()).tolist()
     if not np.isfinite(biggest):        # a block with a non-finite scale: keep every offset
         return None
     if biggest == 0:
-        return 0 if float(offset.abs().max().item()) == 0 else None
-    z = round(float((scale.abs() == biggest).where(-offset / scale, float("-inf")).max().item()))
-    exact = ((offset + z * scale).abs() <= 1e-6 * scale.abs()).all().item()
-    return z if exact else None
+        return 0 if offsets == 0 else None
+    return int(z) if exact else None
 
 
 def _matches(planes: Planes, ref) -> bool:
