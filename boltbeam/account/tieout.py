@@ -40,6 +40,7 @@ from boltbeam.bound.roofline import Bound, formats
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
+from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace, timeline
 from boltbeam.units import fmt_bytes
 
@@ -342,7 +343,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
     """Each weight role's time above its floor, with its causes; biggest gap first."""
     bandwidth = bound.bandwidth_bytes_per_s
     by_role = {r.role: r for r in bound.roles}
-    planes = "generated-layout" in str(trace.route.get("label", ""))     # the weights were read as planes
+    planes = LAYOUT_LABEL in str(trace.route.get("label", ""))     # the weights were read as planes
     kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
     for k in trace.kernels:
         if role := role_of(k):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import fields
 import statistics
 from typing import Any
 
@@ -97,8 +98,9 @@ def layout_of(flag: str | None, from_route: dict[str, str] | None):
         return Setting(scale_dtype, form)
     if not from_route:
         return None
-    if set(from_route) != {"scale_dtype", "form"}:
-        raise BadInput(f"route layout {from_route}: expected exactly the keys scale_dtype and form")
+    keys = [f.name for f in fields(Setting)]
+    if set(from_route) != set(keys):
+        raise BadInput(f"route layout {from_route}: expected exactly the keys {' and '.join(keys)}")
     return Setting(**from_route)
 
 

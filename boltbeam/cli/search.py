@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             say = lambda what: bar.update(task, description=escape(what))
             kernels = capture(model, census, args.device, args.context, say, families_of(layout, args.constants_once))
             result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
-            result.route.layout = {"scale_dtype": layout.scale_dtype, "form": layout.form} if layout else None
+            result.route.layout = asdict(layout) if layout else None
             result.route.constants_once = args.constants_once
             routes.save(result.route, out / "route.json")
             judgement = None
@@ -179,14 +179,16 @@ def _profile(model: str, args: argparse.Namespace, route: str, out: Path) -> Non
 def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger, route):
     """Whole tokens without and with the route, each in a fresh process; the judge's verdict, recorded."""
     from boltbeam.judge.judge import Checks, judge
+    from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
     say("judging: the whole token without the route")
     _profile(model, args, "none", out / "baseline.json")
     say("judging: the whole token with the route")
     _profile(model, args, str(out / "route.json"), out / "candidate.json")
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
-    families = ("generated-layout + " if route.layout else "") + ("constants-once + " if route.constants_once else "")
-    j = judge(base, cand, Checks(expected_route=families + "boltbeam-search", candidate_id=f"route {out / 'route.json'}"))
+    families = [f for f, on in ((routes.LAYOUT_LABEL, route.layout), (routes.CONSTANTS_LABEL, route.constants_once)) if on]
+    j = judge(base, cand, Checks(expected_route=routes.routed_label(families, "boltbeam-search"),
+                                 candidate_id=f"route {out / 'route.json'}"))
     ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],
                   reopen=j.reopen, actor="boltbeam search")

@@ -34,7 +34,7 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
                                            match_records, split_by_token)
-from boltbeam.measure.route import SWITCH, Route
+from boltbeam.measure.route import SWITCH, Route, routed_label
 from boltbeam.measure.route import install as route_install
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
 from boltbeam.read.census import Census, TensorEntry, take_census
@@ -560,8 +560,8 @@ class _Run:
         beam = self.beam
         env = {k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}
         families = {"families": {p.family: p.summary() for p in self.prepared}} if self.prepared else {}
-        prefix = "".join(p.family + (f" (partial: {p.applied} of {p.eligible})" if p.applied < p.eligible else "") + " + "
-                         for p in self.prepared)
+        prefix = routed_label([p.family + (f" (partial: {p.applied} of {p.eligible})" if p.applied < p.eligible else "")
+                               for p in self.prepared], "")
         switch = f"{SWITCH}=none (every generated family off)" if self.prepared else None
         if self.route is None:
             return {"label": prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),

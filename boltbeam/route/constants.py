@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 
+from boltbeam.measure.route import CONSTANTS_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
 
-FAMILY = "constants-once"
+FAMILY = CONSTANTS_LABEL
 
 
 def is_constant(t) -> bool:

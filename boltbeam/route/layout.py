@@ -18,13 +18,14 @@ weight and multiplies; "factored" sums value x activation per group, then scales
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
+from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
@@ -298,5 +299,5 @@ def install(net, census, model_path: str, setting: Setting, progress=None) -> Pr
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")
-    return Prepared("generated-layout", {"scale_dtype": setting.scale_dtype, "form": setting.form}, applied=done,
+    return Prepared(LAYOUT_LABEL, asdict(setting), applied=done,
                     eligible=eligible, bytes=nbytes, seconds=time.perf_counter() - t0, placed=placed, notes=notes)
