@@ -54,7 +54,7 @@ def test_repacked_weights_and_products_equal_tinygrads_decode(fmt):
     from tinygrad import Tensor
     xt = Tensor(x).reshape(1, 1, COLS)
     for scale_dtype, tol in (("float32", 1e-6), ("float16", 2 ** -10)):
-        p = layout.repack(b, GGMLQuantizationType[fmt].value, fmt, ROWS, COLS, scale_dtype)
+        p = layout.repack(b, fmt, ROWS, COLS, scale_dtype)
         w = p.weights().numpy()
         # float32 scales reproduce the decode (to the last bits of the fp32 products); float16 scales
         # round each group's scale and offset once, as the default route rounds every weight to fp16.
@@ -69,9 +69,9 @@ def test_repacked_weights_and_products_equal_tinygrads_decode(fmt):
 
 def test_zero_point_replaces_the_offset_plane_only_where_it_is_exact():
     rng = np.random.default_rng(1)
-    q4_0 = layout.repack(blocks("Q4_0", rng), 2, "Q4_0", ROWS, COLS)
+    q4_0 = layout.repack(blocks("Q4_0", rng), "Q4_0", ROWS, COLS)
     assert q4_0.offset is None and q4_0.zero == 8
-    q4_1 = layout.repack(blocks("Q4_1", rng), 3, "Q4_1", ROWS, COLS)
+    q4_1 = layout.repack(blocks("Q4_1", rng), "Q4_1", ROWS, COLS)
     assert q4_1.offset is not None and q4_1.zero == 0
     # A legacy format with float16 scales moves exactly its GGUF bytes, rearranged.
     assert q4_0.nbytes == ROWS * COLS // 32 * 18 and q4_1.nbytes == ROWS * COLS // 32 * 20
@@ -85,14 +85,14 @@ def test_a_wrong_description_is_caught_by_the_decode_check(monkeypatch):
     # gives the second block the first one's scale.
     wrong = layout.Values(right.bits, 2 * right.group, right.signed, right.fields)
     monkeypatch.setattr(layout, "values_of", lambda fmt: wrong)
-    w = layout.repack(b, 2, "Q4_0", ROWS, COLS).weights().numpy()
+    w = layout.repack(b, "Q4_0", ROWS, COLS).weights().numpy()
     assert np.abs(w - reference(b, "Q4_0")).max() > 1e-3 * np.abs(reference(b, "Q4_0")).max()
 
 
 def test_rows_the_loader_reordered_are_followed():
     from tinygrad import Tensor
     rng = np.random.default_rng(3)
-    p = layout.repack(blocks("Q4_K", rng, rows=64), 12, "Q4_K", 64, COLS, "float32")
+    p = layout.repack(blocks("Q4_K", rng, rows=64), "Q4_K", 64, COLS, "float32")
     order = rng.permutation(64)
     ref = Tensor(p.weights().numpy()[order])
     assert not layout._matches(p, ref)
@@ -106,7 +106,7 @@ def test_non_finite_scales_repack_without_a_crash_and_never_match():
     rng = np.random.default_rng(4)
     b = blocks("Q4_0", rng).numpy()
     b[:, 0:2] = np.full(len(b), np.nan, np.float16).view(np.uint8).reshape(-1, 2)     # hostile: NaN scales
-    p = layout.repack(Tensor(b), 2, "Q4_0", ROWS, COLS)
+    p = layout.repack(Tensor(b), "Q4_0", ROWS, COLS)
     assert p.offset is not None                          # no zero point read off NaNs
     assert not layout._matches(p, Tensor(reference(Tensor(b), "Q4_0")))   # install keeps the default route
 
@@ -114,7 +114,7 @@ def test_non_finite_scales_repack_without_a_crash_and_never_match():
 def test_a_format_without_a_description_is_search_space_incomplete():
     from tinygrad import Tensor
     with pytest.raises(BadInput, match="search-space-incomplete"):
-        layout.repack(Tensor.zeros(2, 176).cast("uint8"), 13, "Q5_K", 1, 512)
+        layout.repack(Tensor.zeros(2, 176).cast("uint8"), "Q5_K", 1, 512)
     with pytest.raises(BadInput, match="scale_dtype"):
         layout.Setting("bfloat8", "expanded")
 

@@ -47,7 +47,7 @@ def run(fmt: str, rows: int, cols: int, way: str, rng) -> dict:
         if way == "gguf":
             mats.append(ggml_data_to_tensor(b.flatten(), rows * cols, t).reshape(rows, cols).cast(dtypes.float16))
         else:
-            p = repack(b, t, fmt, rows, cols, way.split(":")[0])
+            p = repack(b, fmt, rows, cols, way.split(":")[0])
             Tensor.realize(*p.tensors())
             mats.append(p)
     one = lambda m, x: x.matmul(m.T) if way == "gguf" else m.gemv(x, way.split(":")[1])

@@ -155,7 +155,7 @@ def _pack(u, width: int):
     return packed.cast(dtypes.uint8)
 
 
-def repack(blocks, ggml_type: int, fmt: str, rows: int, cols: int, scale_dtype: str = "float16") -> Planes:
+def repack(blocks, fmt: str, rows: int, cols: int, scale_dtype: str = "float16") -> Planes:
     """A (rows x cols) weight's GGUF blocks (uint8, rows*cols/elements x block bytes) -> its planes, lazy."""
     from tinygrad import Tensor, dtypes
     from tinygrad.llm.gguf import ggml_data_to_tensor
@@ -165,14 +165,15 @@ def repack(blocks, ggml_type: int, fmt: str, rows: int, cols: int, scale_dtype: 
     if values is None:
         raise BadInput(f"format {fmt}: formats.toml does not describe its values, so the repacked layout cannot take it "
                        f"(search-space-incomplete)")
-    elements, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt]]
+    qtype = GGMLQuantizationType[fmt]
+    elements, block_bytes = GGML_QUANT_SIZES[qtype]
     if cols % elements:
         raise BadInput(f"format {fmt}: rows of {cols} elements are not whole blocks")
     n, dev = rows * cols, blocks.device
     blocks = blocks.reshape(-1, block_bytes)
     keep_np, one_np = _patterns(values, block_bytes)
     keep, one = Tensor(keep_np, device=dev), Tensor(one_np, device=dev)
-    decode = lambda b: ggml_data_to_tensor(b.flatten(), n, ggml_type).reshape(rows, cols // values.group, values.group)
+    decode = lambda b: ggml_data_to_tensor(b.flatten(), n, qtype.value).reshape(rows, cols // values.group, values.group)
     w = decode(blocks)
     offset = decode(blocks * keep)[:, :, 0].contiguous()
     scale = (decode(blocks * keep + one)[:, :, 0] - offset).contiguous()
@@ -243,16 +244,15 @@ class LayoutLinear:
 
 def _module(net, path: str):
     """The attribute a GGUF tensor name ("blk.3.ffn_up") loads into, or None."""
-    obj, parents = net, []
+    parent, obj = None, net
     for part in path.split("."):
-        parents.append((obj, part))
-        obj = obj[int(part)] if part.isdigit() and isinstance(obj, list) else getattr(obj, part, None)
+        parent, obj = obj, obj[int(part)] if part.isdigit() and isinstance(obj, list) else getattr(obj, part, None)
         if obj is None:
             return None
-    return parents[-1][0], parents[-1][1], obj
+    return parent, part, obj
 
 
-def install(net, census, model_path: str, setting: Setting, progress=None) -> Prepared:
+def install(net, census, model_path: str, setting: Setting) -> Prepared:
     """Repack every linear layer whose format the family takes, on the model's device, and swap it in.
 
     Each repacked matrix is checked against the weight the default route would use (tinygrad's
@@ -261,7 +261,6 @@ def install(net, census, model_path: str, setting: Setting, progress=None) -> Pr
     import pathlib
     import time
 
-    from gguf import GGMLQuantizationType
     from tinygrad import Tensor, nn
 
     t0 = time.perf_counter()
@@ -280,7 +279,7 @@ def install(net, census, model_path: str, setting: Setting, progress=None) -> Pr
         parent, attr, linear = found
         cols, rows = t.shape
         blocks = blob[t.data_offset:t.data_offset + t.bytes].to(linear.weight.device)
-        planes = repack(blocks, GGMLQuantizationType[t.format].value, t.format, rows, cols, setting.scale_dtype)
+        planes = repack(blocks, t.format, rows, cols, setting.scale_dtype)
         Tensor.realize(*planes.tensors())
         ref = linear.weight.float()
         if not _matches(planes, ref) and (planes := _reordered(planes, ref)) is None:
@@ -294,8 +293,6 @@ def install(net, census, model_path: str, setting: Setting, progress=None) -> Pr
             placed[id(p.uop.base.buffer.base)] = t
         done += 1
         nbytes += planes.nbytes
-        if progress:
-            progress("layout", 1)
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")
