@@ -285,7 +285,7 @@ def applied(prg):
     return [[o.op.name, o.axis, o.arg] for o in prg.src[0].arg.applied_opts]
 
 out = {"kernels": len(kernels), "keys": len({c.shape.key for c in kernels}),
-       "launches": sum(c.launches for c in kernels), "min_launches": min(c.launches for c in kernels),
+       "launches": sum(c.kernel.launches for c in kernels), "min_launches": min(c.kernel.launches for c in kernels),
        "checked": []}
 reductions = [c for c in kernels if c.shape.reduce is not None and c.shape.output is not None][:2]
 elementwise = [c for c in kernels if c.shape.reduce is None and c.shape.output is not None][:1]
@@ -301,7 +301,7 @@ for c in reductions + elementwise:
     local = build(c, [RoutedOpt("LOCAL", c.shape.output_axis, 2)])
     out["checked"].append({"name": c.shape.name, "reduce": c.shape.reduce, "built": built,
                            "default": default if isinstance(default, str) else [str(o) for o in default.src[0].arg.applied_opts],
-                           "default_opts": c.default_opts,
+                           "default_opts": c.kernel.default_opts,
                            "local": local if isinstance(local, str) else "built"})
 
 # The GPU path on this CPU: the same kernels' shapes as tinygrad's CUDA scheduler sees them (a CUDA

@@ -3,6 +3,7 @@ and judges the whole token with and without it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from dataclasses import asdict
@@ -44,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--constants-once", action="store_true", help="search the token with its constants computed once; "
                    "the route file carries it")
     p.add_argument("--no-judge", action="store_true", help="write the route without profiling the whole token")
+    fan = p.add_mutually_exclusive_group()
+    fan.add_argument("--workers", type=int, metavar="N", help="time on a local Dask cluster of N worker processes, "
+                     "one device each (on CUDA, worker i sees GPU i); planning and the ledger stay here")
+    fan.add_argument("--scheduler", metavar="ADDRESS", help="time on an existing Dask cluster (e.g. tcp://host:8786) "
+                     "whose workers offer a GPU resource and see the model and --out at these paths")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
@@ -81,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
     from boltbeam.search.space import searchable
-    if args.budget < 1 or args.tokens < 5 or args.context < 0 or not args.seconds_per_kernel > 0:
-        raise BadInput("need --budget >= 1, --seconds-per-kernel > 0, --tokens >= 5 (the judge's minimum) "
-                       "and --context >= 0")
+    if args.budget < 1 or args.tokens < 5 or args.context < 0 or not args.seconds_per_kernel > 0 \
+            or (args.workers is not None and args.workers < 1):
+        raise BadInput("need --budget >= 1, --seconds-per-kernel > 0, --tokens >= 5 (the judge's minimum), "
+                       "--context >= 0 and --workers >= 1")
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
     if args.family == LAYOUT_FAMILY:
@@ -92,29 +99,46 @@ def run(args: argparse.Namespace) -> int:
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
     census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
-    sha = sha256_file(model)
     started = time.monotonic()
     os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
-    from boltbeam.search.compiler import capture
+    from boltbeam.search import fanout
     from boltbeam.search.decide import search
+    job = fanout.Job(os.path.abspath(model), sha256_file(model), args.device, args.context,
+                     f"layout={asdict(layout) if layout else None},constants_once={args.constants_once}",
+                     tuple(families_of(layout, args.constants_once)))
     refused = None
-    with Ledger(args.ledger) as ledger:   # a file that is no ledger is refused before anything is written
+    with contextlib.ExitStack() as stack:
+        # A cluster is reached and its workers checked before the ledger is opened: bad configuration
+        # leaves it untouched.
+        devices = stack.enter_context(fanout.cluster(args.device, args.workers, args.scheduler)) \
+            if args.workers is not None or args.scheduler else None
+        ledger = stack.enter_context(Ledger(args.ledger))   # a file that is no ledger is refused before anything is written
         out = writable_dir(args.out)
-        with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
-                      console=report.console(), transient=True) as bar:
-            task = bar.add_task("capturing the decode token's kernels", total=None)
-            say = lambda what: bar.update(task, description=escape(what))
-            kernels = capture(model, census, args.device, args.context, say, families_of(layout, args.constants_once))
-            result = search(kernels, fam, target, args.device, args.budget, ledger, sha, say, args.seconds_per_kernel)
-            result.route.layout = asdict(layout) if layout else None
-            result.route.constants_once = args.constants_once
-            routes.save(result.route, out / "route.json")
-            judgement = None
-            if not args.no_judge:
-                try:
-                    judgement = _judge(model, args, out, say, ledger, result.route)
-                except Refused as e:   # the route and its timings stand; the summary says the judge could not run
-                    refused = str(e)
+        bar = stack.enter_context(Progress(SpinnerColumn(), "[progress.description]{task.description}",
+                                           TimeElapsedColumn(), console=report.console(), transient=True))
+        task = bar.add_task("capturing the decode token's kernels", total=None)
+        say = lambda what: bar.update(task, description=escape(what))
+        if devices is None:
+            from boltbeam.search.compiler import capture
+            from boltbeam.search.decide import in_process
+            captured = capture(model, census, args.device, args.context, say, list(job.prepare))
+            kernels, time_all = [c.kernel for c in captured], in_process(captured)
+            profiles = lambda runs: fanout.profile_pair(model, args.device, runs)
+        else:
+            say(f"capturing the decode token on {len(devices.workers)} Dask worker(s)")
+            kernels, time_all = devices.kernels(job), devices.time_all(job)
+            profiles = lambda runs: devices.submit(fanout.profile_pair, model, args.device, runs).result()
+        result = search(kernels, fam, target, args.device, args.budget, time_all, ledger, job.sha256, say,
+                        args.seconds_per_kernel)
+        result.route.layout = asdict(layout) if layout else None
+        result.route.constants_once = args.constants_once
+        routes.save(result.route, out / "route.json")
+        judgement = None
+        if not args.no_judge:
+            try:
+                judgement = _judge(args, out, say, ledger, result.route, profiles)
+            except Refused as e:   # the route and its timings stand; the summary says the judge could not run
+                refused = str(e)
     from boltbeam.search.summary import summarize
     summary = summarize(result, target, time.monotonic() - started, out / "route.json", judgement, refused).to_dict()
     write_json(out / "search.json", summary)
@@ -138,6 +162,8 @@ def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.route.choose import choose, route_of
     if args.tokens < 5 or args.context < 0:
         raise BadInput("need --tokens >= 5 (the judge's minimum) and --context >= 0")
+    if args.workers or args.scheduler:
+        raise BadInput(f"--family {LAYOUT_FAMILY} judges whole tokens in this process: drop --workers and --scheduler")
     if args.layout or args.constants_once or args.no_judge:
         raise BadInput(f"--family {LAYOUT_FAMILY} judges each layout setting itself: drop --layout, "
                        "--constants-once and --no-judge")
@@ -168,23 +194,17 @@ def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(model: str, args: argparse.Namespace, route: str, out: Path) -> None:
-    from boltbeam.measure.tinygrad_run import profile_elsewhere
-    if failed := profile_elsewhere(model, args.device, str(out), "--context", str(args.context), "--tokens",
-                                   str(args.tokens), "--route", route):
-        raise Refused(f"profiling the whole token ({'without' if route == 'none' else 'with'} the route) failed: "
-                      f"{failed}")
-
-
-def _judge(model: str, args: argparse.Namespace, out: Path, say, ledger, route):
-    """Whole tokens without and with the route, each in a fresh process; the judge's verdict, recorded."""
+def _judge(args: argparse.Namespace, out: Path, say, ledger, route, profiles):
+    """Whole tokens without and with the route, each in a fresh process, both on one device (`profiles`);
+    the judge's verdict, recorded."""
     from boltbeam.judge.judge import Checks, judge
     from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
-    say("judging: the whole token without the route")
-    _profile(model, args, "none", out / "baseline.json")
-    say("judging: the whole token with the route")
-    _profile(model, args, str(out / "route.json"), out / "candidate.json")
+    say("judging: the whole token without and with the route")
+    flags = ["--context", str(args.context), "--tokens", str(args.tokens), "--route"]
+    if failed := profiles([(str(out / "baseline.json"), [*flags, "none"]),
+                           (str(out / "candidate.json"), [*flags, str(out / "route.json")])]):
+        raise Refused(f"profiling the whole token failed: {failed}")
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
     families = [f for f, on in ((routes.LAYOUT_LABEL, route.layout), (routes.CONSTANTS_LABEL, route.constants_once)) if on]
     j = judge(base, cand, Checks(expected_route=routes.routed_label(families, "boltbeam-search"),

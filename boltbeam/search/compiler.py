@@ -26,14 +26,25 @@ OPT_OF = {"unroll": "UNROLL", "local": "LOCAL", "upcast": "UPCAST", "group": "GR
 
 
 @dataclass
-class Captured:
+class Kernel:
+    """What planning a kernel needs: plain data, so a search can plan on one machine and time on another."""
     shape: KernelShape
-    ast: Any                 # the kernel's AST as tinygrad compiles it (to_program's input)
-    renderer: Any
     launches: int            # launches per decode token
     bytes: int               # tinygrad's own estimates for the kernel as the heuristics built it
     flops: int
     default_opts: list[str]  # what tinygrad's heuristics applied
+
+
+@dataclass
+class Captured:
+    """A kernel with what building it takes: tinygrad's objects, alive only in the process that captured it."""
+    kernel: Kernel
+    ast: Any                 # the kernel's AST as tinygrad compiles it (to_program's input)
+    renderer: Any
+
+    @property
+    def shape(self) -> KernelShape:
+        return self.kernel.shape
 
 
 def _shape(sink, renderer, key: str, name: str) -> KernelShape:
@@ -127,16 +138,16 @@ def capture(model: str, census, device: str, context: int,
         prg, ast, ren = sources[pkey]
         key = kernel_key(ast)
         if key in by_kernel:
-            by_kernel[key].launches += n
+            by_kernel[key].kernel.launches += n
             continue
         info = prg.src[0].arg
         est = info.estimates
         var_vals = _mid_vals(ast)
         sink, sren = shapes[key]
-        by_kernel[key] = Captured(_shape(sink, sren, key, ANSI.sub("", info.name)), ast, ren, n,
-                                  int(sym_infer(est.mem, var_vals)) if est else 0,
-                                  int(sym_infer(est.ops, var_vals)) if est else 0,
-                                  [str(o) for o in info.applied_opts])
+        by_kernel[key] = Captured(Kernel(_shape(sink, sren, key, ANSI.sub("", info.name)), n,
+                                         int(sym_infer(est.mem, var_vals)) if est else 0,
+                                         int(sym_infer(est.ops, var_vals)) if est else 0,
+                                         [str(o) for o in info.applied_opts]), ast, ren)
     return sorted(by_kernel.values(), key=lambda c: c.shape.key)
 
 

@@ -1,23 +1,25 @@
 """BoltBeam decides: time only FutureSight's survivors, within a budget, pick per kernel, write the route.
 
 For each distinct kernel of the decode token: BubbleBeam's legal settings, FutureSight's order, then
-up to `budget` survivors timed alone on the device against tinygrad's own heuristics for that kernel.
-Every timing goes in the ledger with its scope (device, target, compiler, family, kernel, setting);
-a setting the ledger already holds in the same scope is never timed again: its recorded time is
-reused. A setting joins the route only when it beats the default by more than NOISE. The whole token
-is judged elsewhere (`boltbeam search` profiles it with and without the route).
+up to `budget` survivors timed alone on the device against tinygrad's own heuristics for that kernel,
+the default timed again beside each. Planning happens in one process; the timing of each kernel's plan
+may happen on another's device (search/fanout.py); the records come back and one writer appends them.
+Every timing and refusal goes in the ledger with its scope (device, target, compiler, family, kernel,
+setting); a setting the ledger already holds in the same scope is never timed again. A setting joins
+the route only when it beats the default by more than NOISE. The whole token is judged elsewhere
+(`boltbeam search` profiles it with and without the route).
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from boltbeam.bound.targets import Target
 from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_INCOMPLETE
 from boltbeam.measure.route import Choice, Route, engine
-from boltbeam.search.compiler import Captured, build, opts_of, time_program
+from boltbeam.search.compiler import Captured, Kernel, build, opts_of, time_program
 from boltbeam.search.future import (Calibration, Point, Prediction, Work, calibration, foresee, rank_correlation,
                                     within_spearman)
 from boltbeam.search.space import Family, Space, propose
@@ -109,13 +111,17 @@ def parse_setting(text: Any) -> dict[str, int] | None:
         return None
 
 
-def _recorded(ledger, candidate: str, scope: dict[str, Any]) -> float | None:
-    """The time the ledger holds for this candidate in this scope (its latest entry), if any."""
+def _recorded(ledger, candidate: str, scope: dict[str, Any]) -> float | str | None:
+    """What the ledger holds for this candidate in this scope (its latest entry): its time, or the
+    compiler's refusal; None when it holds neither."""
     if ledger is None:
         return None
     for e in reversed(ledger.entries(candidate=candidate)):
-        if all(e.scope.get(k) == v for k, v in scope.items()) and (us := measured_us(e.scope)) is not None:
-            return us
+        if all(e.scope.get(k) == v for k, v in scope.items()):
+            if (us := measured_us(e.scope)) is not None:
+                return us
+            if isinstance(refused := e.scope.get("refused"), str):
+                return refused
     return None
 
 
@@ -126,9 +132,47 @@ def measured_us(scope: dict[str, Any]) -> float | None:
     return float(us) if ok else None
 
 
-def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: float | None) -> None:
-    if ledger is None:
-        return
+@dataclass(frozen=True)
+class Plan:
+    """One kernel's work for a device: the survivors to time, in FutureSight's order, and the times the
+    ledger already holds in this scope (by setting id; "default" is tinygrad's heuristics)."""
+    key: str
+    settings: list[dict[str, int]]
+    known: dict[str, float | str]   # a time, or the compiler's refusal
+    seconds: float            # no new setting once the kernel has had this many seconds of its own
+
+
+@dataclass(frozen=True)
+class Record:
+    """A timing for the ledger. Devices return records; one writer (the search's coordinator) appends them."""
+    candidate: str
+    verdict: str
+    reasons: list[str]
+    scope: dict[str, Any]
+    reopen: str | None
+
+    def append_to(self, ledger) -> None:
+        ledger.append(candidate=self.candidate, verdict=self.verdict, reasons=self.reasons, scope=self.scope,
+                      evidence=[], reopen=self.reopen, actor=ACTOR)
+
+
+@dataclass
+class Timings:
+    """What a device returns for one plan: the default's time (or why it could not be built or timed),
+    each setting's time or refusal in the plan's order, and the records of what it timed now."""
+    key: str
+    default_us: float | str
+    measured: list[tuple[dict[str, int], float | str]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    seconds: float = 0.0
+    timed_now: int = 0
+    reused: int = 0
+
+
+def _record(c: Captured, sid: str, scope: Scope, us: float | str, default_us: float | None) -> Record:
+    if isinstance(us, str):   # refused by the compiler or the launch: recorded, so not tried again
+        return Record(f"{c.shape.key}:{sid}", REFUTE, [us], {**scope.of(c.shape.key, sid), "refused": us,
+                                                             "kernel_name": c.shape.name}, f"engine!={scope.engine}")
     if default_us is None:
         verdict, reasons, reopen = DIAGNOSTIC, [f"tinygrad's heuristics: {us:,.3f} µs alone on the device"], None
     elif us < (1 - NOISE) * default_us:
@@ -137,68 +181,110 @@ def _record(ledger, c: Captured, sid: str, scope: Scope, us: float, default_us: 
         verdict = REFUTE
         reasons = [f"{us:,.3f} µs, not faster than the default's {default_us:,.3f} µs by more than {NOISE:.0%}"]
         reopen = f"engine!={scope.engine}"
-    ledger.append(candidate=f"{c.shape.key}:{sid}", verdict=verdict, reasons=reasons,
-                  scope={**scope.of(c.shape.key, sid), "measured_us": us, "kernel_name": c.shape.name},
-                  evidence=[], reopen=reopen, actor=ACTOR)
+    return Record(f"{c.shape.key}:{sid}", verdict, reasons,
+                  {**scope.of(c.shape.key, sid), "measured_us": us, "kernel_name": c.shape.name}, reopen)
 
 
-class _Timer:
-    """Times settings on the device, or reads them from the ledger when it holds them in this scope;
-    records every new timing; keeps the counts and the device clock."""
-
-    def __init__(self, scope: Scope, ledger):
-        self.scope, self.ledger = scope, ledger
-        self.seconds = 0.0
-        self.timed_now = self.reused = 0
-
-    def time(self, c: Captured, setting: dict[str, int] | None, default_us: float | None = None) -> float | str:
-        """µs of this setting (None: tinygrad's heuristics), or the compiler's refusal."""
-        sid = "default" if setting is None else setting_id(setting)
-        if (us := _recorded(self.ledger, f"{c.shape.key}:{sid}", self.scope.of(c.shape.key, sid))) is not None:
-            self.reused += 1
-            return us
-        t0 = time.perf_counter()
-        prg = build(c, None if setting is None else opts_of(setting, c.shape))
-        samples = prg if isinstance(prg, str) else time_program(c, prg, REPS)
-        self.seconds += time.perf_counter() - t0
-        if isinstance(samples, str):
-            return samples
-        self.timed_now += 1
-        _record(self.ledger, c, sid, self.scope, min(samples), default_us)
-        return min(samples)
+def _best(c: Captured, prg) -> float | str:
+    samples = time_program(c, prg, REPS)
+    return samples if isinstance(samples, str) else min(samples)
 
 
-def search(kernels: list[Captured], fam: Family, target: Target, device: str, budget: int, ledger=None,
-           model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None,
+def time_kernel(c: Captured, plan: Plan, scope: Scope) -> Timings:
+    """Times a plan on this process's device. Whenever a setting is timed now, the default is timed now
+    too, on the same device, again after each new setting: its time is the best of those runs, so a
+    setting is only ever compared with a default timed beside it (never with another device's)."""
+    new = [s for s in plan.settings if setting_id(s) not in plan.known]
+    if not new and isinstance(plan.known.get("default"), float):
+        return Timings(plan.key, plan.known["default"], [(s, plan.known[setting_id(s)]) for s in plan.settings],
+                       reused=len(plan.settings) + 1)
+    t0 = time.perf_counter()
+    default = build(c, None)
+    first = default if isinstance(default, str) else _best(c, default)
+    if isinstance(first, str):   # tinygrad's own build failed: nothing to compare against
+        return Timings(plan.key, first, seconds=time.perf_counter() - t0)
+    out = Timings(plan.key, first, timed_now=1)
+    defaults, fresh = [first], []
+    for setting in plan.settings:
+        sid = setting_id(setting)
+        if time.perf_counter() - t0 > plan.seconds:
+            break
+        if sid in plan.known:
+            out.measured.append((setting, plan.known[sid]))
+            out.reused += 1
+            continue
+        prg = build(c, opts_of(setting, c.shape))
+        us = prg if isinstance(prg, str) else _best(c, prg)
+        out.measured.append((setting, us))
+        fresh.append((sid, us))
+        if isinstance(us, float):
+            out.timed_now += 1
+            if isinstance(again := _best(c, default), float):
+                defaults.append(again)
+    out.default_us = min(defaults)
+    out.records = [_record(c, "default", scope, out.default_us, None)] + [
+        _record(c, sid, scope, us, out.default_us) for sid, us in fresh]
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def known_times(ledger, scope: Scope, key: str, settings: list[dict[str, int]]) -> dict[str, float | str]:
+    """The times (or refusals) the ledger holds for this kernel's default and settings in this scope."""
+    out = {}
+    for sid in ["default"] + [setting_id(s) for s in settings]:
+        if (us := _recorded(ledger, f"{key}:{sid}", scope.of(key, sid))) is not None:
+            out[sid] = us
+    return out
+
+
+TimeAll = Callable[[list[Plan], Scope], Iterator[Timings]]
+
+
+def in_process(captured: list[Captured]) -> TimeAll:
+    """Plans timed one after another on this process's device."""
+    by_key = {c.shape.key: c for c in captured}
+    return lambda plans, scope: (time_kernel(by_key[p.key], p, scope) for p in plans)
+
+
+def search(kernels: list[Kernel], fam: Family, target: Target, device: str, budget: int, time_all: TimeAll,
+           ledger=None, model_sha256: str | None = None, progress: Callable[[str], None] = lambda s: None,
            seconds_per_kernel: float = math.inf) -> Search:
-    """`budget` settings at most per kernel, and no new one once the kernel has had `seconds_per_kernel`."""
+    """`budget` settings at most per kernel, and no new one once the kernel has had `seconds_per_kernel`.
+    BubbleBeam and FutureSight plan here; `time_all` times the plans (in this process or on a cluster's
+    devices) and yields them as they finish; their records are appended here, one writer."""
     scope = Scope(device, target.name, engine(), fam.name)
     cal = calibration(target.name)
-    timer = _Timer(scope, ledger)
-    results = []
-    unbuilt: dict[str, str] = {}
-    for i, c in enumerate(kernels):
-        progress(f"kernel {i + 1} of {len(kernels)}: {c.shape.name}")
+    planned = []
+    for c in kernels:
         space = propose(c.shape, fam, target)
         work = Work(c.bytes, c.flops, max(1, c.shape.outputs))
         sight = foresee(work, space.legal, target, cal)
-        default_us = timer.time(c, None)
-        if isinstance(default_us, str):   # tinygrad's own build failed: nothing to compare against
-            unbuilt[c.shape.name] = default_us
+        settings = [s for s, _ in sight.ordered[:budget]]
+        planned.append((c, space, work, sight,
+                        Plan(c.shape.key, settings, known_times(ledger, scope, c.shape.key, settings), seconds_per_kernel)))
+    timings: dict[str, Timings] = {}
+    for t in time_all([p for *_, p in planned], scope):
+        timings[t.key] = t
+        if ledger is not None:
+            for rec in t.records:
+                rec.append_to(ledger)
+        progress(f"timed {len(timings)} of {len(planned)} kernels")
+    results, unbuilt = [], {}
+    for c, space, work, sight, plan in planned:
+        t = timings[plan.key]
+        if isinstance(t.default_us, str):
+            unbuilt[c.shape.name] = t.default_us
             continue
         r = KernelResult(c.launches, c.bytes / target.bandwidth * 1e6, space, work, len(sight.rejected),
-                         len(sight.ordered), Timed({}, None, default_us))
-        started = timer.seconds
-        for setting, pred in sight.ordered[:budget]:
-            if timer.seconds - started > seconds_per_kernel:
-                break
-            us = timer.time(c, setting, default_us)
+                         len(sight.ordered), Timed({}, None, t.default_us))
+        predicted = {setting_id(s): p for s, p in sight.ordered[:budget]}
+        for setting, us in t.measured:
             if isinstance(us, str):
                 r.refused[setting_id(setting)] = us
             else:
-                r.timed.append(Timed(setting, pred, us))
-        best = min(r.timed, key=lambda t: t.measured_us, default=None)
-        if best and best.measured_us < (1 - NOISE) * default_us:
+                r.timed.append(Timed(setting, predicted[setting_id(setting)], us))
+        best = min(r.timed, key=lambda x: x.measured_us, default=None)
+        if best and best.measured_us < (1 - NOISE) * t.default_us:
             r.choice = best
         if r.incomplete and ledger is not None:
             _incomplete(ledger, r, scope)
@@ -207,7 +293,8 @@ def search(kernels: list[Captured], fam: Family, target: Target, device: str, bu
         Choice(r.key, r.name, r.choice.setting, opts_of(r.choice.setting, r.space.kernel),
                r.choice.measured_us, r.default.measured_us, r.choice.predicted.us if r.choice.predicted else None)
         for r in results if r.choice])
-    return Search(results, route, timer.seconds, timer.timed_now, timer.reused, unbuilt, cal)
+    return Search(results, route, sum(t.seconds for t in timings.values()), sum(t.timed_now for t in timings.values()),
+                  sum(t.reused for t in timings.values()), unbuilt, cal)
 
 
 def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:

@@ -1,0 +1,189 @@
+"""The search's device work on many GPUs, through Dask (`distributed`).
+
+The coordinator (the `boltbeam search` process) plans: BubbleBeam and FutureSight run on its CPU, and
+it is the ledger's one writer. Workers time: each holds one device (a `GPU` resource of 1; locally,
+one worker process per GPU, pinned with CUDA_VISIBLE_DEVICES), captures the decode token's kernels
+once, and times whole kernel plans (a setting and its default on the same device, interleaved:
+decide.time_kernel) and the judge's pair of whole tokens. A worker returns records; it never writes
+the ledger. A task whose worker dies is run again elsewhere by Dask's scheduler; its records arrive
+once, with its result.
+
+Workers must see the model file and the output folder at the coordinator's paths (one host, or a
+shared filesystem); each checks the model's SHA-256 before it captures.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from boltbeam.errors import BadInput, Refused
+from boltbeam.search.compiler import Captured, Kernel
+from boltbeam.search.decide import Plan, Scope, TimeAll, Timings, time_kernel
+
+RESOURCE = "GPU"         # each worker offers one device under this name; every task asks for one
+CONNECT_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to rebuild the token the coordinator plans on. Workers cache their capture by
+    every field but `prepare` (functions arrive anew with each task): `families` names what it builds."""
+    model: str
+    sha256: str
+    device: str
+    context: int
+    families: str = ""
+    prepare: tuple[Callable, ...] = field(default=(), compare=False, hash=False)
+
+
+# --- on a worker ---------------------------------------------------------------------------------
+
+_captured: dict[Job, dict[str, Captured]] = {}
+_device = threading.Lock()   # tinygrad is not thread-safe: one device user at a time per process
+
+
+def _use_device(device: str) -> None:
+    """tinygrad takes its device from DEV when first imported; a worker that imported it for another is refused."""
+    if "tinygrad" not in sys.modules:
+        os.environ["DEV"] = device
+    from tinygrad import Device
+    if Device.DEFAULT != device:
+        raise Refused(f"a Dask worker runs tinygrad on {Device.DEFAULT}, not {device}: start it with DEV={device}")
+
+
+def worker_facts(device: str) -> dict[str, Any]:
+    """What the coordinator checks on every worker before anything is timed or recorded."""
+    from boltbeam import __version__
+    from boltbeam.measure.route import engine
+    facts: dict[str, Any] = {"engine": engine(), "boltbeam": __version__, "device_error": None}
+    try:
+        with _device:
+            _use_device(device)
+            from tinygrad import Device
+            Device[device]   # opens the device: fails where there is none
+    except Exception as e:   # noqa: BLE001 - any failure to open it is the fact reported
+        facts["device_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
+    return facts
+
+
+def _kernels(job: Job) -> dict[str, Captured]:
+    from boltbeam.files import sha256_file
+    from boltbeam.read.census import take_census
+    from boltbeam.search.compiler import capture
+    with _device:
+        if job not in _captured:
+            _use_device(job.device)
+            if not os.path.isfile(job.model) or sha256_file(job.model) != job.sha256:
+                raise BadInput(f"a Dask worker does not see the model {job.model} as the coordinator does "
+                               f"(missing or another file): give workers the same path")
+            got = capture(job.model, take_census(job.model), job.device, job.context, prepare=list(job.prepare))
+            _captured[job] = {c.shape.key: c for c in got}
+        return _captured[job]
+
+
+def describe(job: Job) -> list[Kernel]:
+    """The token's kernels as this worker captured them: plain data for the coordinator to plan on."""
+    return [c.kernel for c in _kernels(job).values()]
+
+
+def time_plan(job: Job, plan: Plan, scope: Scope) -> Timings:
+    kernels = _kernels(job)
+    if plan.key not in kernels:
+        raise Refused(f"a Dask worker's token has no kernel {plan.key}: it captured another token than the coordinator's")
+    with _device:
+        return time_kernel(kernels[plan.key], plan, scope)
+
+
+def profile_pair(model: str, device: str, runs: list[tuple[str, list[str]]]) -> str | None:
+    """The judge's whole tokens, one after the other on this worker's device, each in a fresh process
+    (tinygrad_run.profile_elsewhere); None when every trace was written, else why one was not."""
+    from boltbeam.measure.tinygrad_run import profile_elsewhere
+    for out, flags in runs:
+        if failed := profile_elsewhere(model, device, out, *flags):
+            return f"{out}: {failed}"
+    return None
+
+
+# --- on the coordinator --------------------------------------------------------------------------
+
+@dataclass
+class Cluster:
+    """A Dask client whose workers each offer one device, checked: same compiler, same BoltBeam, the
+    device opens."""
+    client: Any
+    workers: list[str]
+
+    def submit(self, fn: Callable, *args: Any, **kw: Any):
+        return self.client.submit(fn, *args, key=f"{fn.__name__}-{uuid.uuid4().hex}", pure=False,
+                                  resources={RESOURCE: 1}, **kw)
+
+    def kernels(self, job: Job) -> list[Kernel]:
+        """Every worker captures the token (at once); all must agree on its kernels."""
+        futures = [self.submit(describe, job, workers=[w], allow_other_workers=False) for w in self.workers]
+        lists = self.client.gather(futures)
+        keys = [sorted(k.shape.key for k in ks) for ks in lists]
+        if any(k != keys[0] for k in keys):
+            raise Refused("the Dask workers captured different decode tokens (another tinygrad build or device on "
+                          "some): the search would compare unlike kernels")
+        return lists[0]
+
+    def time_all(self, job: Job) -> TimeAll:
+        def run(plans: list[Plan], scope: Scope) -> Iterator[Timings]:
+            from distributed import as_completed
+            futures = [self.submit(time_plan, job, p, scope, priority=len(plans) - i) for i, p in enumerate(plans)]
+            for fut in as_completed(futures):
+                yield fut.result()
+        return run
+
+
+def _check(client, device: str) -> list[str]:
+    from boltbeam import __version__
+    from boltbeam.measure.route import engine
+    workers = {a: w for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+               if w.get("resources", {}).get(RESOURCE, 0) >= 1}
+    if not workers:
+        raise Refused(f"no Dask worker offers a {RESOURCE} resource: start workers with --resources {RESOURCE}=1")
+    # As tasks, so the device opens on the thread that will use it (a worker runs its tasks on one thread).
+    futures = {a: client.submit(worker_facts, device, key=f"worker_facts-{uuid.uuid4().hex}", pure=False,
+                                workers=[a], allow_other_workers=False) for a in workers}
+    for addr, f in sorted(zip(futures, client.gather(list(futures.values())))):
+        if f["engine"] != engine() or f["boltbeam"] != __version__:
+            raise Refused(f"Dask worker {addr} runs {f['engine']} and BoltBeam {f['boltbeam']}; this search runs "
+                          f"{engine()} and BoltBeam {__version__}: its timings would not hold here")
+        if f["device_error"]:
+            raise Refused(f"Dask worker {addr} cannot open {device}: {f['device_error']}")
+    return sorted(workers)
+
+
+@contextlib.contextmanager
+def cluster(device: str, workers: int | None = None, scheduler: str | None = None) -> Iterator[Cluster]:
+    """A local cluster of `workers` processes (one per GPU on CUDA) or the existing one at `scheduler`."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+    for name in ("distributed", "tornado"):   # a killed or restarted worker is the scheduler's business
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    with contextlib.ExitStack() as stack:
+        if scheduler is not None:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout=CONNECT_SECONDS))
+            except (OSError, ValueError, TypeError) as e:
+                raise BadInput(f"cannot reach the Dask scheduler at {scheduler}: "
+                              f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
+        else:
+            if workers is None or workers < 1:
+                raise BadInput("--workers needs a count of 1 or more")
+            pin = (lambda i: {"CUDA_VISIBLE_DEVICES": str(i)}) if device == "CUDA" else (lambda i: {})
+            specs = {i: {"cls": Nanny, "options": {"nthreads": 1, "resources": {RESOURCE: 1}, "memory_limit": 0,
+                                                   "silence_logs": logging.CRITICAL, "env": {"DEV": device, **pin(i)}}}
+                     for i in range(workers)}
+            local = stack.enter_context(SpecCluster(
+                workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+                silence_logs=logging.CRITICAL))
+            client = stack.enter_context(Client(local))
+            client.wait_for_workers(workers)
+        yield Cluster(client, _check(client, device))
