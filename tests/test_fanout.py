@@ -1,5 +1,5 @@
 """The search fanned out through Dask: a local cluster of two CPU worker processes searches the tiny
-model; with the device's clock replaced by a fixed function of each compiled program, its route and
+model (captured on one worker, its kernels sent with each task); with the device's clock replaced by a fixed function of each compiled program, its route and
 ledger equal the single-process search's; a worker killed mid-task costs nothing twice and loses
 nothing; bad configuration is one line and leaves the ledger untouched.
 
@@ -67,10 +67,11 @@ if __name__ == "__main__":
                 seen["workers"] = cl.workers
                 if mode == "cluster":
                     cl.client.run(fixed_clock)
-                kernels = cl.kernels(job)
+                captured = cl.kernels(job)   # on one worker; the kernels travel with each task
                 if mode == "kill":
                     threading.Thread(target=kill_a_busy_worker, args=(cl.client, seen), daemon=True).start()
-                result = decide.search(kernels, fam, target, "CPU", 2, cl.time_all(job), ledger)
+                result = decide.search([c.kernel for c in captured], fam, target, "CPU", 2,
+                                       cl.time_all("CPU", captured), ledger)
                 seen["after"] = list(cl.client.scheduler_info(n_workers=-1)["workers"])
         entries = [[e.candidate, e.verdict, e.reasons, e.scope, e.reopen] for e in ledger.entries()]
     print(json.dumps({"choices": [asdict(c) for c in result.route.choices], "entries": entries, **seen,

@@ -104,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.search import fanout
     from boltbeam.search.decide import search
     job = fanout.Job(os.path.abspath(model), sha256_file(model), args.device, args.context,
-                     f"layout={asdict(layout) if layout else None},constants_once={args.constants_once}",
                      tuple(families_of(layout, args.constants_once)))
     refused = None
     with contextlib.ExitStack() as stack:
@@ -122,14 +121,15 @@ def run(args: argparse.Namespace) -> int:
             from boltbeam.search.compiler import capture
             from boltbeam.search.decide import in_process
             captured = capture(model, census, args.device, args.context, say, list(job.prepare))
-            kernels, time_all = [c.kernel for c in captured], in_process(captured)
+            time_all = in_process(captured)
             profiles = lambda runs: fanout.profile_pair(model, args.device, runs)
         else:
-            say(f"capturing the decode token on {len(devices.workers)} Dask worker(s)")
-            kernels, time_all = devices.kernels(job), devices.time_all(job)
+            say(f"capturing the decode token on a Dask worker ({len(devices.workers)} in all)")
+            captured = devices.kernels(job)
+            time_all = devices.time_all(args.device, captured)
             profiles = lambda runs: devices.submit(fanout.profile_pair, model, args.device, runs).result()
-        result = search(kernels, fam, target, args.device, args.budget, time_all, ledger, job.sha256, say,
-                        args.seconds_per_kernel)
+        result = search([c.kernel for c in captured], fam, target, args.device, args.budget, time_all, ledger,
+                        job.sha256, say, args.seconds_per_kernel)
         result.route.layout = asdict(layout) if layout else None
         result.route.constants_once = args.constants_once
         routes.save(result.route, out / "route.json")

@@ -2,14 +2,15 @@
 
 The coordinator (the `boltbeam search` process) plans: BubbleBeam and FutureSight run on its CPU, and
 it is the ledger's one writer. Workers time: each holds one device (a `GPU` resource of 1; locally,
-one worker process per GPU, pinned with CUDA_VISIBLE_DEVICES), captures the decode token's kernels
-once, and times whole kernel plans (a setting and its default on the same device, interleaved:
-decide.time_kernel) and the judge's pair of whole tokens. A worker returns records; it never writes
-the ledger. A task whose worker dies is run again elsewhere by Dask's scheduler; its records arrive
-once, with its result.
+one worker process per GPU, pinned with CUDA_VISIBLE_DEVICES). One worker loads the model and captures
+the decode token's kernels; the kernels themselves (tinygrad's ASTs and renderer, a few KB each) then
+travel with each task, so no other worker loads the model. A task times one kernel's plan (a setting
+and its default on the same device, interleaved: decide.time_kernel), or the judge's pair of whole
+tokens. A worker returns records; it never writes the ledger. A task whose worker dies is run again
+elsewhere by Dask's scheduler; its records arrive once, with its result.
 
-Workers must see the model file and the output folder at the coordinator's paths (one host, or a
-shared filesystem); each checks the model's SHA-256 before it captures.
+The capturing worker and the judge's need the model file, and the judge's the output folder, at the
+coordinator's paths (one host, or a shared filesystem); the model's SHA-256 is checked before capture.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ import os
 import sys
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from boltbeam.errors import BadInput, Refused
-from boltbeam.search.compiler import Captured, Kernel
+from boltbeam.search.compiler import Captured
 from boltbeam.search.decide import Plan, Scope, TimeAll, Timings, time_kernel
 
 RESOURCE = "GPU"         # each worker offers one device under this name; every task asks for one
@@ -32,19 +33,16 @@ CONNECT_SECONDS = 10
 
 @dataclass(frozen=True)
 class Job:
-    """What a worker needs to rebuild the token the coordinator plans on. Workers cache their capture by
-    every field but `prepare` (functions arrive anew with each task): `families` names what it builds."""
+    """What the capturing worker needs to rebuild the token the coordinator plans on."""
     model: str
     sha256: str
     device: str
     context: int
-    families: str = ""
-    prepare: tuple[Callable, ...] = field(default=(), compare=False, hash=False)
+    prepare: tuple[Callable, ...] = ()   # the generated route families to build on the loaded model
 
 
 # --- on a worker ---------------------------------------------------------------------------------
 
-_captured: dict[Job, dict[str, Captured]] = {}
 _device = threading.Lock()   # tinygrad is not thread-safe: one device user at a time per process
 
 
@@ -72,32 +70,23 @@ def worker_facts(device: str) -> dict[str, Any]:
     return facts
 
 
-def _kernels(job: Job) -> dict[str, Captured]:
+def capture_kernels(job: Job) -> list[Captured]:
+    """The token's distinct kernels, captured on this worker's device, to travel to the others."""
     from boltbeam.files import sha256_file
     from boltbeam.read.census import take_census
     from boltbeam.search.compiler import capture
     with _device:
-        if job not in _captured:
-            _use_device(job.device)
-            if not os.path.isfile(job.model) or sha256_file(job.model) != job.sha256:
-                raise BadInput(f"a Dask worker does not see the model {job.model} as the coordinator does "
-                               f"(missing or another file): give workers the same path")
-            got = capture(job.model, take_census(job.model), job.device, job.context, prepare=list(job.prepare))
-            _captured[job] = {c.shape.key: c for c in got}
-        return _captured[job]
+        _use_device(job.device)
+        if not os.path.isfile(job.model) or sha256_file(job.model) != job.sha256:
+            raise BadInput(f"a Dask worker does not see the model {job.model} as the coordinator does "
+                           f"(missing or another file): give workers the same path")
+        return capture(job.model, take_census(job.model), job.device, job.context, prepare=list(job.prepare))
 
 
-def describe(job: Job) -> list[Kernel]:
-    """The token's kernels as this worker captured them: plain data for the coordinator to plan on."""
-    return [c.kernel for c in _kernels(job).values()]
-
-
-def time_plan(job: Job, plan: Plan, scope: Scope) -> Timings:
-    kernels = _kernels(job)
-    if plan.key not in kernels:
-        raise Refused(f"a Dask worker's token has no kernel {plan.key}: it captured another token than the coordinator's")
+def time_plan(device: str, kernel: Captured, plan: Plan, scope: Scope) -> Timings:
     with _device:
-        return time_kernel(kernels[plan.key], plan, scope)
+        _use_device(device)
+        return time_kernel(kernel, plan, scope)
 
 
 def profile_pair(model: str, device: str, runs: list[tuple[str, list[str]]]) -> str | None:
@@ -123,20 +112,17 @@ class Cluster:
         return self.client.submit(fn, *args, key=f"{fn.__name__}-{uuid.uuid4().hex}", pure=False,
                                   resources={RESOURCE: 1}, **kw)
 
-    def kernels(self, job: Job) -> list[Kernel]:
-        """Every worker captures the token (at once); all must agree on its kernels."""
-        futures = [self.submit(describe, job, workers=[w], allow_other_workers=False) for w in self.workers]
-        lists = self.client.gather(futures)
-        keys = [sorted(k.shape.key for k in ks) for ks in lists]
-        if any(k != keys[0] for k in keys):
-            raise Refused("the Dask workers captured different decode tokens (another tinygrad build or device on "
-                          "some): the search would compare unlike kernels")
-        return lists[0]
+    def kernels(self, job: Job) -> list[Captured]:
+        """The token's kernels, captured once, on one worker."""
+        return self.submit(capture_kernels, job).result()
 
-    def time_all(self, job: Job) -> TimeAll:
+    def time_all(self, device: str, captured: list[Captured]) -> TimeAll:
+        by_key = {c.shape.key: c for c in captured}
+
         def run(plans: list[Plan], scope: Scope) -> Iterator[Timings]:
             from distributed import as_completed
-            futures = [self.submit(time_plan, job, p, scope, priority=len(plans) - i) for i, p in enumerate(plans)]
+            futures = [self.submit(time_plan, device, by_key[p.key], p, scope, priority=len(plans) - i)
+                       for i, p in enumerate(plans)]
             for fut in as_completed(futures):
                 yield fut.result()
         return run
