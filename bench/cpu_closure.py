@@ -1,7 +1,7 @@
 """Does the CPU account close every time? Measure this machine's launch facts once, then profile and
 account each model RUNS times in fresh processes, and record every residual.
 
-  python bench/cpu_closure.py --runs 3 --out bench/records/cpu_closure.json [--tokens 12]
+  python bench/cpu_closure.py --runs 3 --tokens 64 --out bench/records/cpu_closure.json
 """
 from __future__ import annotations
 
@@ -34,8 +34,13 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="boltbeam-closure-"))
     targets = tmp / "host.toml"
-    done = run("measure-target", "--launch", "--name", "host-measured", "--size-mb", "256", "--reps", "7",
-               "--out", str(tmp / "measure.json"))
+    failed_calibrations = []   # a machine too noisy to fit the launch line says so; try again, up to 3 times
+    for _ in range(3):
+        done = run("measure-target", "--launch", "--name", "host-measured", "--size-mb", "256", "--reps", "7",
+                   "--out", str(tmp / "measure.json"))
+        if done.returncode == 0:
+            break
+        failed_calibrations.append(done.stderr.strip())
     assert done.returncode == 0, done.stderr
     targets.write_text(done.stdout)
     tiny = tmp / "tiny.gguf"
@@ -62,7 +67,7 @@ def main() -> None:
               "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
               "versions": {p: version(p) for p in ("boltbeam", "tinygrad", "gguf")},
-              "launch_facts": targets.read_text(), "measure_target": json.loads((tmp / "measure.json").read_text()),
+              "failed_calibrations": failed_calibrations, "launch_facts": targets.read_text(), "measure_target": json.loads((tmp / "measure.json").read_text()),
               "results": results,
               "closed": sum(r["closed"] for r in results), "of": len(results)}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

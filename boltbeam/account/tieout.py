@@ -2,7 +2,7 @@
 
 Which figures are independent measurements, and where each comes from:
 
-  wall            the median token of the plain run: the route as users run it, nothing recording
+  wall            the plain tokens: the route as users run it, nothing recording
   kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
                   itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together
@@ -11,7 +11,13 @@ Which figures are independent measurements, and where each comes from:
                   and per kernel) times the JIT calls and kernels the token launched
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
-Every figure is a per-token median over the trace's measured tokens (each line's own median). Every
+Every figure is a mean over the same tokens: each timed token is paired with the plain token of the
+same index (run beside it where the timing interleaves them), the pairs whose plain-minus-timed
+difference lies in the outer TRIM of either end are dropped (a machine that changed speed between
+the two tokens of a pair), and the wall and every line are means over the pairs kept. Means add up,
+so the lines' sum is the sum of each kept token's lines. Medians taken line by line do not add up
+when a token's time jumps between two speeds (a shared CPU): there they left accounts off by up to
+9%. Every
 floor of the bound is counted once in the floor line and taken back out once, in the line that holds
 the measured time it bounds:
 
@@ -33,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from statistics import median
+from statistics import fmean
 from typing import Any, Iterable
 
 from boltbeam.bound.roofline import Bound, formats
@@ -51,7 +57,8 @@ LOAD_BYTES = 16            # bytes one thread has in flight per request: one wid
 RESIDENT_FACT = "max_threads_per_multiprocessor"
 LAUNCH_FACTS = ("launch_sync_per_call", "launch_sync_per_kernel")   # seconds, measured by measure-target --launch
 NON_WEIGHT_FLOORS = ("kv_cache", "activations")   # bound lines that are no weight role
-METHOD = "median per token"
+TRIM = 0.25               # pairs dropped from each end of the plain-minus-timed differences
+METHOD = "mean over the middle half of plain/timed token pairs"
 
 # Cause of each category of kernel that reads no weights: needed work is named for itself; a
 # launch, copy or conversion that need not exist is a "boundary".
@@ -76,20 +83,20 @@ class Line:
 
 @dataclass
 class Account:
-    wall_us: float             # median plain token: the route as users run it
+    wall_us: float             # mean plain token (of the pairs kept): the route as users run it
     floor_us: float
     lines: list[Line]
-    kernel_sum_us: float       # median per token of the summed kernel durations
-    kernel_pass_wall_us: float | None   # median timed token (a check on the timing, never a line)
+    kernel_sum_us: float       # per token, the summed kernel durations
+    kernel_pass_wall_us: float | None   # the timed token (a check on the timing, never a line)
     tokens_used: int
     target: str
     context: int
     load_bytes: int
     timing: str | None         # how the kernels were timed: a key of trace.TIMINGS
-    overlap_us: float = 0.0    # median per token of the time kernels ran at the same time
-    outside_span_us: float | None = None   # median per timed token: its wall minus its device span (a check)
-    lead_us: float | None = None     # median per timed token: host mark to first kernel start (a check)
-    trail_us: float | None = None    # median per timed token: last kernel end to host mark (a check)
+    overlap_us: float = 0.0    # per token, the time kernels ran at the same time
+    outside_span_us: float | None = None   # per timed token: its wall minus its device span (a check)
+    lead_us: float | None = None     # per timed token: host mark to first kernel start (a check)
+    trail_us: float | None = None    # per timed token: last kernel end to host mark (a check)
     notes: list[str] = field(default_factory=list)
     method: str = METHOD
 
@@ -146,7 +153,7 @@ class Account:
                             f"{self.outside_span_us:,.2f} µs outside their device span{where}")
         if self.timing and self.timing not in IN_GRAPH:
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
-        return "; ".join(said) or "no single measurement stands out: the lines' medians disagree with the wall's"
+        return "; ".join(said) or "no single measurement stands out: the lines disagree with the wall"
 
     def to_dict(self) -> dict[str, Any]:
         return {"wall_us": self.wall_us, "floor_us": self.floor_us,
@@ -168,8 +175,37 @@ def role_of(k: Kernel) -> str | None:
     return k.role if k.role and k.category in ("weights", "norm") else None
 
 
-def _median_of(per_token: Iterable[dict[str, float]], key: str) -> float:
-    return median(d.get(key, 0.0) for d in per_token)
+def _mean_of(per_token: Iterable[dict[str, float]], key: str) -> float:
+    return fmean(d.get(key, 0.0) for d in per_token)
+
+
+@dataclass
+class Tokens:
+    """The measured tokens an account uses, index by index: plain walls, timed walls (when the trace has
+    one per timed token) and each timed token's kernels; lead and trail where the trace has them."""
+    walls: list[float]
+    pass_walls: list[float]
+    groups: dict[int, list[Kernel]]
+    lead: list[float]
+    trail: list[float]
+
+
+def paired_tokens(trace: Trace, trim: float = TRIM) -> Tokens:
+    """Each timed token paired with the plain token of its index; the pairs whose plain-minus-timed
+    difference is among the `trim` lowest or highest dropped. Without a timed wall per timed token,
+    or a plain token for each, nothing is paired and every token is kept."""
+    groups = trace.by_token()
+    kp = trace.kernel_pass
+    lead, trail = list((kp and kp.lead_us) or []), list((kp and kp.trail_us) or [])
+    indexed = sorted(groups) == list(range(len(groups)))
+    if not (indexed and len(trace.kernel_pass_wall_us) == len(groups) <= len(trace.token_wall_us)):
+        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail)
+    order = sorted(groups, key=lambda i: trace.token_wall_us[i] - trace.kernel_pass_wall_us[i])
+    drop = int(trim * len(order))
+    kept = sorted(order[drop:len(order) - drop])
+    pick = lambda xs: [xs[i] for i in kept] if len(xs) == len(groups) else xs
+    return Tokens([trace.token_wall_us[i] for i in kept], [trace.kernel_pass_wall_us[i] for i in kept],
+                  {i: groups[i] for i in kept}, pick(lead), pick(trail))
 
 
 # --- causes of a role's gap ----------------------------------------------------------------------
@@ -286,7 +322,7 @@ def _causes(floor_line: BoundLine, kernels: list[Kernel], moved_bytes: float | N
 # --- the account -----------------------------------------------------------------------------------
 
 def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_BYTES) -> Account:
-    """Tie one decode token out: lines (per-token medians) that add up to the plain token."""
+    """Tie one decode token out: lines (means over the kept token pairs) that add up to the plain token."""
     if not trace.kernels:
         raise Refused("whole-token figures only: no kernels to account")
     if not trace.token_wall_us:
@@ -299,7 +335,8 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
         notes.append(f"the trace does not say its context: bounded at context {bound.context}")
     elif context != bound.context:
         notes.append(f"the trace decoded at context {context}; the bound is at context {bound.context}")
-    groups = trace.by_token()
+    tokens = paired_tokens(trace)
+    groups = tokens.groups
     per_token = [_token_sums(kernels) for kernels in groups.values()]
     floor_us = bound.token_floor_us
     floor = Line("floor", "floor", floor_us, "floor",
@@ -308,18 +345,17 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                  f"that is slower", floor_us=floor_us)
     roles = _role_lines(trace, per_token, bound, target, load_bytes, notes)
     boundaries = _boundary_lines(trace, per_token, bound)
-    overheads, overlap, outside = _overhead_lines(trace, groups, target, notes)
+    overheads, overlap, outside = _overhead_lines(trace, tokens, target, notes)
     if roles and target.fact(RESIDENT_FACT) is None:
         notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
     timing = trace.kernel_pass.timing if trace.kernel_pass else None
     if timing and timing not in IN_GRAPH:
         notes.append(f"kernels timed {TIMINGS[timing]}")
-    pass_wall = median(trace.kernel_pass_wall_us) if trace.kernel_pass_wall_us else None
-    kp = trace.kernel_pass
-    lead = median(kp.lead_us) if kp and kp.lead_us else None
-    trail = median(kp.trail_us) if kp and kp.trail_us else None
-    return Account(wall_us=median(trace.token_wall_us), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
-                   kernel_sum_us=_median_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
+    pass_wall = fmean(tokens.pass_walls) if tokens.pass_walls else None
+    lead = fmean(tokens.lead) if tokens.lead else None
+    trail = fmean(tokens.trail) if tokens.trail else None
+    return Account(wall_us=fmean(tokens.walls), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
+                   kernel_sum_us=_mean_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
                    tokens_used=len(groups), target=bound.target, context=bound.context, load_bytes=load_bytes,
                    timing=timing, outside_span_us=outside, lead_us=lead, trail_us=trail, notes=notes)
 
@@ -354,11 +390,11 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
     roles: list[Line] = []
     for role in [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS] + unknown:
         key = f"role:{role}"
-        measured = _median_of(per_token, key)
+        measured = _mean_of(per_token, key)
         bl = by_role.get(role)
         role_floor = bl.floor_us if bl else 0.0
         gap = measured - role_floor
-        n = round(_median_of(per_token, f"n:{key}"))
+        n = round(_mean_of(per_token, f"n:{key}"))
         head = f"{role}: {n} kernel(s), {_us(measured)} against a floor of {_us(role_floor)}"
         if not kernels_of_role[role]:
             roles.append(Line(role, "role", gap, "no kernel",
@@ -376,7 +412,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
                               role=role, measured_us=measured, floor_us=role_floor, kernels=n))
             continue
         bytes_known = all(k.bytes is not None for k in kernels_of_role[role])
-        moved = _median_of(per_token, f"bytes:{key}") if bytes_known else None
+        moved = _mean_of(per_token, f"bytes:{key}") if bytes_known else None
         causes, unjudged = _causes(bl, kernels_of_role[role], moved, gap, target, bandwidth, load_bytes)
         if unpacking := _unpacking(role, bound, measured, bl.bytes, planes, load_bytes):
             causes.append(unpacking)    # explains no measured share of the gap: listed last, primary only alone
@@ -408,7 +444,7 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
     boundaries: list[Line] = []
     for cat in categories:
         key = f"cat:{cat}"
-        measured, n = _median_of(per_token, key), round(_median_of(per_token, f"n:{key}"))
+        measured, n = _mean_of(per_token, key), round(_mean_of(per_token, f"n:{key}"))
         label = "weights (no role)" if cat == "weights" else cat
         if cat == "attention" and kv is not None:
             boundaries.append(Line(label, "boundary", measured - kv.floor_us, "attention",
@@ -417,7 +453,7 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
                                    measured_us=measured, floor_us=kv.floor_us, kernels=n))
             continue
         if cat == "constant":
-            written = _median_of(per_token, "written:cat:constant")
+            written = _mean_of(per_token, "written:cat:constant")
             boundaries.append(Line(label, "boundary", measured, "constant",
                                    f"constant: {n} kernel(s), {_us(measured)}: a constant recomputed every token: they read "
                                    f"nothing and write {written:,.0f} B (the constants-once family computes it once)",
@@ -430,23 +466,24 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
     return sorted(boundaries, key=lambda line: -line.us)
 
 
-def _overhead_lines(trace: Trace, groups: dict[int, list[Kernel]], target: Target,
+def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
                     notes: list[str]) -> tuple[list[Line], float, float | None]:
     """Gaps and overlap from the device timeline, launch and sync from the target's measured fact; and
-    the median overlap (the inflation check needs it) and the median time the timed tokens spent
-    outside their device span (a check on the launch fact, never a line)."""
+    the overlap (the inflation check needs it) and the time the timed tokens spent outside their
+    device span (a check on the launch fact, never a line)."""
+    groups = tokens.groups
     timelines = [timeline(ks) for ks in groups.values()]
     overheads: list[Line] = []
     overlap, outside = 0.0, None
     if all(t is not None for t in timelines):
-        gaps = median(t.gaps_us for t in timelines)
-        overlap = median(t.overlap_us for t in timelines)
-        biggest = median(t.biggest_gap_us for t in timelines)
+        gaps = fmean(t.gaps_us for t in timelines)
+        overlap = fmean(t.overlap_us for t in timelines)
+        biggest = max(t.biggest_gap_us for t in timelines)
         overheads.append(Line("gaps between kernels", "gap", gaps, "gap",
                               f"idle device time between consecutive kernels (biggest gap {_us(max(0.0, biggest))})"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
-        if len(trace.kernel_pass_wall_us) == len(groups):
-            outside = median(w - t.span_us for w, t in zip(trace.kernel_pass_wall_us, timelines))
+        if len(tokens.pass_walls) == len(groups):
+            outside = fmean(w - t.span_us for w, t in zip(tokens.pass_walls, timelines))
     else:
         notes.append("some kernels lack start_us: gaps and overlap are not measured")
     launch = _launch_line(trace, groups, target, notes)
@@ -466,9 +503,9 @@ def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, 
                      f"launch and sync are not counted")
         return None
     per_call, per_kernel = (f.value * 1e6 for f in facts)
-    calls = median(trace.kernel_pass.jit_calls)
-    kernels = median(len(ks) for ks in groups.values())
-    graphs = median(trace.kernel_pass.graph_launches)
+    calls = fmean(trace.kernel_pass.jit_calls)
+    kernels = fmean(len(ks) for ks in groups.values())
+    graphs = fmean(trace.kernel_pass.graph_launches)
     us = per_call * calls + per_kernel * kernels
     return Line("launch and sync", "launch", us, "launch",
                 f"{calls:g} JIT replay(s) launching {kernels:g} kernels in {graphs:g} graph(s): {_us(per_call)} a call "

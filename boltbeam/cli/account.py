@@ -13,7 +13,8 @@ from boltbeam.report import console, print_json, table
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("account", help="tie one decode token out: every µs to a cause, lines adding up to the wall",
-                       description="The tie-out of one token (per-token medians over the trace's measured tokens): "
+                       description="The tie-out of one token (means over the trace's measured tokens, each timed token paired with "
+                                   "its plain one and the quarter of pairs that differ most either way left out): "
                                    "floor, each weight role's gap above its floor with its cause, kernels that move "
                                    "no weights, gaps and overlap from the device timeline, launch and sync from the "
                                    "target's measured fact; the residual is reported, and an account that does not "

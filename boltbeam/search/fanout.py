@@ -159,7 +159,7 @@ def cluster(device: str, workers: int | None = None, scheduler: str | None = Non
                 client = stack.enter_context(Client(scheduler, timeout=CONNECT_SECONDS))
             except (OSError, ValueError, TypeError) as e:
                 raise BadInput(f"cannot reach the Dask scheduler at {scheduler}: "
-                              f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
+                               f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
         else:
             if workers is None or workers < 1:
                 raise BadInput("--workers needs a count of 1 or more")
