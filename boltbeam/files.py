@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -16,18 +17,30 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_UNPACKED = 1 << 30     # a gzipped JSON file may unpack to 1 GiB at most (no gzip bomb reaches memory)
+
+
 def load_json(path: str | os.PathLike, what: str) -> Any:
-    """Read a JSON file a user handed in; any failure is one BadInput line naming the file. NaN and
-    Infinity (which Python's json accepts) are refused: no non-finite number reaches arithmetic."""
+    """Read a JSON file a user handed in, plain or gzipped (big traces are kept gzipped); any failure is
+    one BadInput line naming the file. NaN and Infinity (which Python's json accepts) are refused: no
+    non-finite number reaches arithmetic."""
     p = Path(path)
     if not p.is_file():
         raise BadInput(f"{what} {p}: no such file")
     try:
         with p.open("rb") as f:
-            return json.load(f, parse_constant=_no_constant)
+            if f.read(2) != GZIP_MAGIC:
+                f.seek(0)
+                return json.load(f, parse_constant=_no_constant)
+        with gzip.open(p, "rb") as g:
+            data = g.read(MAX_UNPACKED + 1)
+        if len(data) > MAX_UNPACKED:
+            raise BadInput(f"{what} {p}: unpacks to more than {MAX_UNPACKED:,} bytes")
+        return json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         raise BadInput(f"{what} {p}: nested too deeply to be what it claims") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError; a cut gzip: EOFError
         raise BadInput(f"{what} {p}: not valid JSON ({e.__class__.__name__}: {e})") from None
 
 

@@ -111,6 +111,24 @@ def test_hostile_json_is_one_line(tmp_path, capsys, text, says):
     assert not (tmp_path / "c.json").exists()
 
 
+def test_gzipped_traces_read_as_they_are(tmp_path, capsys, monkeypatch):
+    """Big traces are kept gzipped; a cut one, or one that unpacks past the limit, is one line."""
+    import gzip
+
+    from boltbeam import files
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_text(json.dumps(good()))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load(str(packed)) == load(str(plain))
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(packed.read_bytes()[:-12])
+    monkeypatch.setattr(files, "MAX_UNPACKED", len(plain.read_bytes()) - 1)
+    for path, says in ((cut, "not valid JSON"), (packed, "unpacks to more than")):
+        assert main(["compare", str(path), str(plain)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_special_files_are_never_replaced(tmp_path, capsys):
     import os
     import stat
