@@ -11,14 +11,12 @@ Which figures are independent measurements, and where each comes from:
                   and per kernel) times the JIT calls and kernels the token launched
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
-Every figure is a mean over the same tokens: each timed token is paired with the plain token of the
-same index (run beside it where the timing interleaves them), the pairs whose plain-minus-timed
-difference lies in the outer TRIM of either end are dropped (a machine that changed speed between
-the two tokens of a pair), and the wall and every line are means over the pairs kept. Means add up,
-so the lines' sum is the sum of each kept token's lines. Medians taken line by line do not add up
-when a token's time jumps between two speeds (a shared CPU): there they left accounts off by up to
-9%. Every
-floor of the bound is counted once in the floor line and taken back out once, in the line that holds
+Every figure is a mean over the same tokens (trace.kept_pairs): each timed token is paired with the
+plain token of the same index (run beside it where the timing interleaves them); the quarter of
+pairs whose plain-minus-timed difference is lowest and the quarter where it is highest are dropped
+(a machine that changed speed within a pair). Means add up, so the lines' sum is the sum of each
+kept token's lines. Medians taken line by line do not add up when a token's time jumps between two
+speeds (a shared CPU): there they left accounts off by up to 9%. Every floor of the bound is counted once in the floor line and taken back out once, in the line that holds
 the measured time it bounds:
 
   floor                      sum of the bound's floors (weight roles, KV cache, activations)
@@ -57,7 +55,6 @@ LOAD_BYTES = 16            # bytes one thread has in flight per request: one wid
 RESIDENT_FACT = "max_threads_per_multiprocessor"
 LAUNCH_FACTS = ("launch_sync_per_call", "launch_sync_per_kernel")   # seconds, measured by measure-target --launch
 NON_WEIGHT_FLOORS = ("kv_cache", "activations")   # bound lines that are no weight role
-TRIM = 0.25               # pairs dropped from each end of the plain-minus-timed differences
 METHOD = "mean over the middle half of plain/timed token pairs"
 
 # Cause of each category of kernel that reads no weights: needed work is named for itself; a
@@ -190,19 +187,14 @@ class Tokens:
     trail: list[float]
 
 
-def paired_tokens(trace: Trace, trim: float = TRIM) -> Tokens:
-    """Each timed token paired with the plain token of its index; the pairs whose plain-minus-timed
-    difference is among the `trim` lowest or highest dropped. Without a timed wall per timed token,
-    or a plain token for each, nothing is paired and every token is kept."""
+def paired_tokens(trace: Trace) -> Tokens:
+    """The tokens of trace.kept_pairs (every token when the trace cannot pair them)."""
     groups = trace.by_token()
     kp = trace.kernel_pass
     lead, trail = list((kp and kp.lead_us) or []), list((kp and kp.trail_us) or [])
-    indexed = sorted(groups) == list(range(len(groups)))
-    if not (indexed and len(trace.kernel_pass_wall_us) == len(groups) <= len(trace.token_wall_us)):
+    kept = trace.kept_pairs()
+    if kept is None:
         return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail)
-    order = sorted(groups, key=lambda i: trace.token_wall_us[i] - trace.kernel_pass_wall_us[i])
-    drop = int(trim * len(order))
-    kept = sorted(order[drop:len(order) - drop])
     pick = lambda xs: [xs[i] for i in kept] if len(xs) == len(groups) else xs
     return Tokens([trace.token_wall_us[i] for i in kept], [trace.kernel_pass_wall_us[i] for i in kept],
                   {i: groups[i] for i in kept}, pick(lead), pick(trail))

@@ -8,7 +8,8 @@ does what it does for any model of that many kernels and the kernels are timed e
 profile times them. Their width is chosen so the device, not the host, sets the pace, as it does
 in a real token: a GPU kernel must move megabytes to outlast its launch (width 4096), while
 tinygrad's CPU device already runs each kernel slower than the host launches it (width 256).
-Per depth: the median plain token minus the median device span of the timed tokens; a line over
+Per depth: the plain token minus the device span of the timed tokens, averaged over the token pairs
+the account keeps (trace.kept_pairs); a line over
 the kernels per token gives the cost of a call and of each kernel. The per-kernel figure is net
 of what timing a kernel adds to the timed span (CUPTI's records on a GPU, tinygrad's timestamps
 written from Python on the CPU), so it is negative where that costs more than a launch: the
@@ -48,10 +49,14 @@ class LaunchSample:
     span_us: list[float]       # device span of each timed token
     lead_us: list[float] | None    # timed tokens: host mark to first kernel, and last kernel to host mark
     trail_us: list[float] | None
+    kept: list[int] | None = None  # the token pairs the account would average over (trace.kept_pairs)
 
     @property
     def outside_us(self) -> float:
-        return statistics.median(self.plain_wall_us) - statistics.median(self.span_us)
+        """Plain token minus timed span, averaged over the kept pairs as the account averages its lines."""
+        if self.kept is None:
+            return statistics.median(self.plain_wall_us) - statistics.median(self.span_us)
+        return statistics.fmean(self.plain_wall_us[i] - self.span_us[i] for i in self.kept)
 
 
 @dataclass
@@ -106,7 +111,7 @@ def calibration_samples(device: str, width: int, tokens: int, depths: tuple[int,
                                         round(statistics.median(trace.kernel_pass.graph_launches)),
                                         trace.token_wall_us, [timeline(ks).span_us for ks in trace.by_token().values()],
                                         trace.kernel_pass.lead_us,
-                                        trace.kernel_pass.trail_us))
+                                        trace.kernel_pass.trail_us, trace.kept_pairs()))
             if progress:
                 progress(1)
     return samples

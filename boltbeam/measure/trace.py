@@ -31,6 +31,7 @@ from boltbeam.errors import BadInput
 from boltbeam.files import load_json, write_json
 
 FORMAT = "boltbeam-trace"
+PAIR_TRIM = 0.25   # pairs an account leaves out at each end of the plain-minus-timed differences
 VERSION = 1
 
 # What a kernel that moves no weight does; "weights" marks one that reads a weight table,
@@ -102,6 +103,18 @@ class Trace:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
+
+    def kept_pairs(self, trim: float = PAIR_TRIM) -> list[int] | None:
+        """The timed tokens an account averages over: each paired with the plain token of its index (run
+        beside it where the timing interleaves them), the `trim` of pairs whose plain-minus-timed wall is
+        lowest and the `trim` where it is highest left out (a machine that changed speed within a
+        pair). None when the trace cannot pair them (no timed wall per timed token, or too few plain ones)."""
+        tokens = sorted({k.token for k in self.kernels})
+        if tokens != list(range(len(tokens))) or not len(self.kernel_pass_wall_us) == len(tokens) <= len(self.token_wall_us):
+            return None
+        order = sorted(tokens, key=lambda i: self.token_wall_us[i] - self.kernel_pass_wall_us[i])
+        drop = int(trim * len(order))
+        return sorted(order[drop:len(order) - drop])
 
     def by_token(self) -> dict[int, list[Kernel]]:
         """Each measured token's kernels in launch order (index), tokens in order."""
