@@ -182,6 +182,10 @@ def test_launch_fit():
     assert fit([sample(40, 380.0), sample(800, 0.0)]) == pytest.approx((400.0, -0.5))   # timing costs more a kernel
     with pytest.raises(BadInput, match="too noisy"):
         fit([sample(40, -10.0), sample(800, 500.0)])
+    # A big model's tokens scatter by milliseconds: its point barely moves the line the precise ones draw.
+    scattered = LaunchSample(1, "hcq", 800, 1, [3000.0, 0.0, 3500.0, 500.0], [1000.0] * 4, None, None)
+    per_call, per_kernel = fit([sample(40, 420.0), sample(400, 600.0), scattered])
+    assert per_call == pytest.approx(400.0, abs=2.0) and per_kernel == pytest.approx(0.5, abs=0.01)
 
 
 def test_audit_end_to_end_on_cpu(tiny_model, tmp_path):

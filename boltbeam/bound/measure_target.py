@@ -83,9 +83,9 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
         lc = m["launch"]
         kernels = ", ".join(str(x["kernels"]) for x in lc["samples"])
         lsrc = (f"boltbeam measure-target --launch through tinygrad {version('tinygrad')} on {lc['device']}: decodes of "
-                f"{kernels} kernels a token (synthetic models of width {lc['width']}), median plain token minus median device span "
-                f"of the timed tokens ({lc['samples'][0]['timing']}), {len(lc['samples'][0]['plain_wall_us'])} tokens each, a line "
-                f"over the kernel counts")
+                f"{kernels} kernels a token (synthetic models of width {lc['width']}), plain token minus the device span of the "
+                f"timed token beside it ({lc['samples'][0]['timing']}), {len(lc['samples'][0]['plain_wall_us'])} tokens each, "
+                f"the middle half of pairs averaged, a line over the kernel counts weighted by each point's precision")
         for key, us in (("launch_sync_per_call", lc["per_call_us"]), ("launch_sync_per_kernel", lc["per_kernel_us"])):
             lines.append(f'{key} = {{ value = {us * 1e-6:.4g}, unit = "s", status = "measured", '
                              f'source = "{lsrc}", date = "{today}" }}')

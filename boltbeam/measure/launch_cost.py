@@ -17,6 +17,7 @@ account counts the plain token against the timed kernels, and this measured figu
 """
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -51,12 +52,20 @@ class LaunchSample:
     trail_us: list[float] | None
     kept: list[int] | None = None  # the token pairs the account would average over (trace.kept_pairs)
 
+    def _outside(self) -> list[float]:
+        kept = self.kept if self.kept is not None else range(min(len(self.plain_wall_us), len(self.span_us)))
+        return [self.plain_wall_us[i] - self.span_us[i] for i in kept]
+
     @property
     def outside_us(self) -> float:
         """Plain token minus timed span, averaged over the kept pairs as the account averages its lines."""
-        if self.kept is None:
-            return statistics.median(self.plain_wall_us) - statistics.median(self.span_us)
-        return statistics.fmean(self.plain_wall_us[i] - self.span_us[i] for i in self.kept)
+        return statistics.fmean(self._outside())
+
+    @property
+    def outside_error_us(self) -> float:
+        """The standard error of outside_us (a floor of 1 µs: a sample never counts as exact)."""
+        xs = self._outside()
+        return max(1.0, statistics.stdev(xs) / len(xs) ** 0.5) if len(xs) > 1 else math.inf
 
 
 @dataclass
@@ -82,8 +91,11 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
 
 
 def fit(samples: list[LaunchSample]) -> tuple[float, float]:
-    """(µs a call, µs a kernel): a line through plain token minus timed span over kernels per token."""
-    slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1)
+    """(µs a call, µs a kernel): a line through plain token minus timed span over kernels per token,
+    each point weighted by its precision (1 / standard error): a big calibration model's long, noisy
+    tokens do not pull the line away from the small ones' precise points."""
+    slope, intercept = np.polyfit([s.kernels for s in samples], [s.outside_us for s in samples], 1,
+                                  w=[1 / s.outside_error_us for s in samples])
     if intercept <= 0:
         raise BadInput(f"launch benchmark: the line through {', '.join(f'{s.outside_us:.1f} µs' for s in samples)} "
                        f"(plain token minus timed span at {', '.join(str(s.kernels) for s in samples)} kernels) gives "
