@@ -9,8 +9,8 @@ profile times them. Their width is chosen so the device, not the host, sets the 
 in a real token: a GPU kernel must move megabytes to outlast its launch (width 4096), while
 tinygrad's CPU device already runs each kernel slower than the host launches it (width 256).
 Per depth: the plain token minus the device span of the timed tokens, averaged over the token pairs
-the account keeps (trace.kept_pairs); a line over
-the kernels per token gives the cost of a call and of each kernel. The per-kernel figure is net
+the account keeps (trace.kept_pairs); a line over the kernels per token, each point weighted by its
+precision, gives the cost of a call and of each kernel. The per-kernel figure is net
 of what timing a kernel adds to the timed span (CUPTI's records on a GPU, tinygrad's timestamps
 written from Python on the CPU), so it is negative where that costs more than a launch: the
 account counts the plain token against the timed kernels, and this measured figure bridges them.

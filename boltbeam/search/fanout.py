@@ -101,6 +101,11 @@ def profile_pair(model: str, device: str, runs: list[tuple[str, list[str]]]) -> 
 
 # --- on the coordinator --------------------------------------------------------------------------
 
+def _submit(client, fn: Callable, *args: Any, **kw: Any):
+    """A task that always runs (never taken for a finished one of the same name)."""
+    return client.submit(fn, *args, key=f"{fn.__name__}-{uuid.uuid4().hex}", pure=False, **kw)
+
+
 @dataclass
 class Cluster:
     """A Dask client whose workers each offer one device, checked: same compiler, same BoltBeam, the
@@ -109,8 +114,7 @@ class Cluster:
     workers: list[str]
 
     def submit(self, fn: Callable, *args: Any, **kw: Any):
-        return self.client.submit(fn, *args, key=f"{fn.__name__}-{uuid.uuid4().hex}", pure=False,
-                                  resources={RESOURCE: 1}, **kw)
+        return _submit(self.client, fn, *args, resources={RESOURCE: 1}, **kw)
 
     def kernels(self, job: Job) -> list[Captured]:
         """The token's kernels, captured once, on one worker."""
@@ -136,8 +140,7 @@ def _check(client, device: str) -> list[str]:
     if not workers:
         raise Refused(f"no Dask worker offers a {RESOURCE} resource: start workers with --resources {RESOURCE}=1")
     # As tasks, so the device opens on the thread that will use it (a worker runs its tasks on one thread).
-    futures = {a: client.submit(worker_facts, device, key=f"worker_facts-{uuid.uuid4().hex}", pure=False,
-                                workers=[a], allow_other_workers=False) for a in workers}
+    futures = {a: _submit(client, worker_facts, device, workers=[a], allow_other_workers=False) for a in workers}
     for addr, f in sorted(zip(futures, client.gather(list(futures.values())))):
         if f["engine"] != engine() or f["boltbeam"] != __version__:
             raise Refused(f"Dask worker {addr} runs {f['engine']} and BoltBeam {f['boltbeam']}; this search runs "
