@@ -8,6 +8,7 @@ Each search runs in its own process (tinygrad stays out of the test process), tw
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def test_workers_without_a_gpu(tiny_model, tmp_path):
 class _Client:
     """Dask's client as _check uses it, over workers whose facts are given."""
 
-    def __init__(self, facts: dict[str, dict]):
+    def __init__(self, facts: dict[str, fanout.WorkerFacts]):
         self.facts = facts
 
     def scheduler_info(self, n_workers):
@@ -170,7 +171,7 @@ class _Client:
 def test_a_worker_on_another_compiler_is_refused():
     from boltbeam import __version__
     from boltbeam.measure.route import engine
-    ok = {"engine": engine(), "boltbeam": __version__, "device_error": None}
+    ok = fanout.WorkerFacts(engine(), __version__, None)
     assert fanout._check(_Client({"tcp://a:1": ok, "tcp://b:1": ok}), "CPU") == ["tcp://a:1", "tcp://b:1"]
     with pytest.raises(Refused, match="tcp://b:1 runs tinygrad 0.12.0"):
-        fanout._check(_Client({"tcp://a:1": ok, "tcp://b:1": {**ok, "engine": "tinygrad 0.12.0"}}), "CPU")
+        fanout._check(_Client({"tcp://a:1": ok, "tcp://b:1": dataclasses.replace(ok, engine="tinygrad 0.12.0")}), "CPU")

@@ -55,19 +55,26 @@ def _use_device(device: str) -> None:
         raise Refused(f"a Dask worker runs tinygrad on {Device.DEFAULT}, not {device}: start it with DEV={device}")
 
 
-def worker_facts(device: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WorkerFacts:
     """What the coordinator checks on every worker before anything is timed or recorded."""
+    engine: str                  # the compiler, as a route names it
+    boltbeam: str
+    device_error: str | None     # why the device would not open; None when it did
+
+
+def worker_facts(device: str) -> WorkerFacts:
     from boltbeam import __version__
     from boltbeam.measure.route import engine
-    facts: dict[str, Any] = {"engine": engine(), "boltbeam": __version__, "device_error": None}
+    error = None
     try:
         with _device:
             _use_device(device)
             from tinygrad import Device
             Device[device]   # opens the device: fails where there is none
     except Exception as e:   # noqa: BLE001 - any failure to open it is the fact reported
-        facts["device_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
-    return facts
+        error = (str(e).splitlines() or [type(e).__name__])[0][:200]
+    return WorkerFacts(engine(), __version__, error)
 
 
 def capture_kernels(job: Job) -> list[Captured]:
@@ -141,12 +148,12 @@ def _check(client, device: str) -> list[str]:
         raise Refused(f"no Dask worker offers a {RESOURCE} resource: start workers with --resources {RESOURCE}=1")
     # As tasks, so the device opens on the thread that will use it (a worker runs its tasks on one thread).
     futures = {a: _submit(client, worker_facts, device, workers=[a], allow_other_workers=False) for a in workers}
-    for addr, f in sorted(zip(futures, client.gather(list(futures.values())))):
-        if f["engine"] != engine() or f["boltbeam"] != __version__:
-            raise Refused(f"Dask worker {addr} runs {f['engine']} and BoltBeam {f['boltbeam']}; this search runs "
+    for addr, f in sorted(zip(futures, client.gather(list(futures.values()))), key=lambda af: af[0]):
+        if f.engine != engine() or f.boltbeam != __version__:
+            raise Refused(f"Dask worker {addr} runs {f.engine} and BoltBeam {f.boltbeam}; this search runs "
                           f"{engine()} and BoltBeam {__version__}: its timings would not hold here")
-        if f["device_error"]:
-            raise Refused(f"Dask worker {addr} cannot open {device}: {f['device_error']}")
+        if f.device_error:
+            raise Refused(f"Dask worker {addr} cannot open {device}: {f.device_error}")
     return sorted(workers)
 
 
