@@ -71,8 +71,8 @@ def span(kernels: list[Kernel]) -> float:
 
 
 def make_trace(tokens: list[list[Kernel]], token_walls: list[float], pass_walls: list[float] | None,
-               sha: str | None = None, context: int | None = 0) -> Trace:
-    return Trace(environment={"engine": "test", "model_sha256": sha}, workload={"context": context, "batch": 1},
+               sha: str | None = None, context: int | None = 0, engine: str = "tinygrad") -> Trace:
+    return Trace(environment={"engine": engine, "model_sha256": sha}, workload={"context": context, "batch": 1},
                  route={"label": "test-route"}, token_wall_us=token_walls, provenance={"source": "profile"},
                  kernel_pass_wall_us=pass_walls or [], kernels=[k for ks in tokens for k in ks],
                  kernel_pass=KernelPass("cupti", [1] * len(tokens), [2] * len(tokens)) if tokens else None)
@@ -167,6 +167,20 @@ def test_no_launch_fact_no_launch_line(tiny_bound):
     assert any("measure-target --launch" in n for n in acc.notes)
     imported = dataclasses.replace(make_trace([ks], [span(ks)], [span(ks)]), kernel_pass=None)
     assert any("does not say what the host launched" in n for n in account(imported, tiny_bound, H200L).notes)
+
+
+def test_launch_facts_hold_for_the_engine_they_were_measured_through(tiny_bound):
+    ks = full_token(tiny_bound)
+    wall = span(ks) + packaged_launch_us(len(ks))
+    assert {H200.facts[k].engine for k in ("launch_sync_per_call", "launch_sync_per_kernel")} == {"tinygrad"}
+    ours = account(make_trace([ks], [wall], [wall]), tiny_bound, H200)
+    assert any(x.kind == "launch" for x in ours.lines) and ours.closed
+    other = account(make_trace([ks], [wall], [wall], engine="llama.cpp"), tiny_bound, H200)
+    assert not any(x.kind == "launch" for x in other.lines)
+    assert other.residual_us == pytest.approx(packaged_launch_us(len(ks)))   # the uncounted launch is in the residual
+    assert any("measured through tinygrad" in n and "llama.cpp" in n for n in other.notes)
+    anyone = account(make_trace([ks], [wall], [wall], engine="llama.cpp"), tiny_bound, H200L)   # no engine named
+    assert any(x.kind == "launch" for x in anyone.lines)
 
 
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
@@ -340,6 +354,20 @@ def test_compare_regions_and_winners(capsys, tmp_path, model, tiny_bound):
     assert down["floor_us"] == pytest.approx(tiny_bound.role("ffn_down").floor_us)
     code, out, _ = run(capsys, "compare", pa, pb)
     assert code == 0 and "floors are not shown" in out
+
+
+def test_compare_shows_gaps_and_overlap_as_rows():
+    a = token([kernel(30.0, "ffn_down"), kernel(10.0, "attn_q")], gap_us=2.0)
+    b = token([kernel(30.0, "ffn_down"), kernel(10.0, "attn_q")])
+    b[1] = dataclasses.replace(b[1], start_us=25.0)          # starts 5 µs before the first one ends
+    cmp = compare(make_trace([a], [42.0], [42.0]), make_trace([b], [35.0], [35.0], engine="llama.cpp"))
+    rows = {r.region: r for r in cmp.regions}
+    assert (rows["gaps"].a_us, rows["gaps"].b_us) == (2.0, 0.0)
+    assert (rows["overlap"].a_us, rows["overlap"].b_us, rows["overlap"].winner) == (0.0, -5.0, "B")
+    assert cmp.region_net_us == pytest.approx(cmp.net_us)    # the rows now hold every µs of both tokens
+    unplaced = make_trace([[dataclasses.replace(k, start_us=None) for k in b]], [36.0], [36.0])
+    why = {x["region"]: x["reason"] for x in compare(make_trace([a], [44.0], [44.0]), unplaced).incomparable}
+    assert set(why) == {"gaps", "overlap"} and "no start times" in why["gaps"]
 
 
 def test_compare_against_whole_token_figures(capsys, tmp_path):

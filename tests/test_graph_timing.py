@@ -1,5 +1,7 @@
 """Device records to kernels: CUPTI's records are placed by launch facts and order, and any record
 that does not fit the graph the host built is refused, never guessed past."""
+import sys
+
 import pytest
 
 from boltbeam.errors import Refused
@@ -48,3 +50,26 @@ def test_records_split_by_host_marks_and_strays_refused():
     assert [[r.start_ns for r in t] for t in split_by_token(records, [100, 200, 300], "t")] == [[105, 110], [215]]
     with pytest.raises(Refused, match="1 kernel record"):
         split_by_token(records + [rec(Q, 7, 300)], [100, 200, 300], "t")
+
+
+def test_a_cupti_that_does_not_load_against_the_driver_is_refused(tmp_path, monkeypatch):
+    """cupti-python present but its libcupti built for another CUDA: one line, never a traceback."""
+    from boltbeam.errors import BadInput
+    from boltbeam.measure.graph_timing import Cupti
+    pkg = tmp_path / "cupti"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cupti.py").write_text("raise OSError('libcupti.so.12: cannot open shared object file')\n")
+    dist = tmp_path / "cupti_python-12.9.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cupti-python\nVersion: 12.9.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(Refused, match=r"cupti-python 12\.9\.0 does not load here \(libcupti\.so\.12.*matches the CUDA driver"):
+            Cupti().start()
+    finally:   # the fake package must not stay imported for the tests after this one
+        for name in ("cupti", "cupti.cupti"):
+            sys.modules.pop(name, None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(BadInput, match="needs cupti-python"):
+        Cupti()

@@ -4,6 +4,10 @@ A region's time is the per-token median of its summed kernel time. Weight kernel
 role's region (roles.REGION_OF_ROLE); the rest by category: attention, the KV write and rope to
 "attention", norms without a role to "norms", everything else to "other". A region's floor sums the
 bound's floors the same way (the KV cache's to attention; the embedding row and activations to other).
+Two rows follow the regions, from each token's device timeline: the idle gaps between kernels, and the
+overlap (negative: kernel time that ran beside other kernels, so the regions' sum counts it twice). An
+engine whose kernels overlap (llama.cpp's graphs run branches side by side) is compared kernel by kernel
+this way without its regions seeming to add up past its token.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Any
 from boltbeam.account.tieout import role_of
 from boltbeam.bound.roofline import Bound
 from boltbeam.errors import Refused
-from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.measure.trace import Kernel, Trace, timeline
 from boltbeam.read import roles
 
 # The weight regions come from the roles; attention and everything else are added here.
@@ -23,6 +27,7 @@ REGIONS = (*roles.REGIONS, "attention", "other")
 REGION_OF_ROLE = roles.REGION_OF_ROLE
 REGION_OF_CATEGORY = {"attention": "attention", "kv_write": "attention", "rope": "attention", "norm": "norms"}
 REGION_OF_FLOOR = {"kv_cache": "attention"}
+TIMELINE_ROWS = ("gaps", "overlap")
 # Without roles a side's weight time all lands in "other": these regions then say nothing.
 ROLE_REGIONS = (*(r for r in roles.REGIONS if r != "norms"), "other")
 
@@ -50,6 +55,14 @@ def region_times(trace: Trace) -> dict[str, float]:
             d[region_of(k)] += k.duration_us
         per_token.append(d)
     return {r: median(d.get(r, 0.0) for d in per_token) for r in REGIONS}
+
+
+def timeline_times(trace: Trace) -> dict[str, float] | None:
+    """Per-token median of the gaps and of the overlap (negative); None when a kernel has no start."""
+    lines = [timeline(ks) for ks in trace.by_token().values()]
+    if not lines or any(t is None for t in lines):
+        return None
+    return {"gaps": median(t.gaps_us for t in lines), "overlap": -median(t.overlap_us for t in lines)}
 
 
 @dataclass
@@ -108,7 +121,7 @@ def label(trace: Trace) -> str:
 
 def _why_incomparable(trace: Trace, side: str) -> tuple[tuple[str, ...], str] | None:
     if not trace.kernels:
-        return REGIONS, f"{side} has whole-token figures only (no kernels)"
+        return (*REGIONS, *TIMELINE_ROWS), f"{side} has whole-token figures only (no kernels)"
     if not any(role_of(k) for k in trace.kernels):
         return ROLE_REGIONS, f"{side}'s kernels name no weight roles: its weight time cannot be placed in regions"
     return None
@@ -142,13 +155,21 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
     floors = region_floors(bound) if bound else None
     if bound and ctx_a is not None and bound.context != ctx_a:
         notes.append(f"floors are at context {bound.context}; A decoded at context {ctx_a}")
+    lines_a, lines_b = timeline_times(a), timeline_times(b)
+    for side, lines, trace in (("A", lines_a, a), ("B", lines_b, b)):
+        if lines is None and trace.kernels:
+            for r in TIMELINE_ROWS:
+                incomparable.setdefault(r, f"{side}'s kernels have no start times: no device timeline")
+    for times, lines in ((times_a, lines_a), (times_b, lines_b)):
+        if times is not None and lines is not None:
+            times.update(lines)
 
     regions = []
-    for r in REGIONS:
-        ta = times_a[r] if times_a else None
-        tb = times_b[r] if times_b else None
-        fl = floors[r] if floors else None
-        comparable = r not in incomparable
+    for r in (*REGIONS, *TIMELINE_ROWS):
+        ta = times_a.get(r) if times_a else None
+        tb = times_b.get(r) if times_b else None
+        fl = floors[r] if floors and r in floors else None
+        comparable = r not in incomparable and ta is not None and tb is not None
         regions.append(Region(region=r, a_us=ta, b_us=tb, diff_us=tb - ta if comparable else None,
                               winner=_winner(ta, tb) if comparable else None, floor_us=fl,
                               a_gap_us=None if ta is None or fl is None else ta - fl,

@@ -8,7 +8,8 @@ Which figures are independent measurements, and where each comes from:
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together
   launch and sync measured facts of the target (`measure-target --launch`: on calibration decodes of
                   other models, the plain token minus the timed kernels' device span, per call
-                  and per kernel) times the JIT calls and kernels the token launched
+                  and per kernel) times the JIT calls and kernels the token launched; only for
+                  the engine they were measured through (another engine's trace has no such line)
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
 Every figure is a mean over the same tokens (trace.kept_pairs): each timed token is paired with the
@@ -485,7 +486,8 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
 
 
 def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, notes: list[str]) -> Line | None:
-    """The target's measured launch and synchronization cost times the launches the token made."""
+    """The target's measured launch and synchronization cost times the launches the token made, for the
+    engine it was measured through."""
     facts = [target.facts.get(name) for name in LAUNCH_FACTS]
     if trace.kernel_pass is None:
         notes.append("the trace does not say what the host launched per token: launch and sync are not counted")
@@ -493,6 +495,12 @@ def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, 
     if None in facts or any(f.status != "measured" for f in facts):
         notes.append(f"the target has no measured {' and '.join(LAUNCH_FACTS)} (boltbeam measure-target --launch): "
                      f"launch and sync are not counted")
+        return None
+    measured_through = {f.engine for f in facts} - {None}
+    if measured_through and (engine := trace.environment.get("engine")) not in measured_through:
+        notes.append(f"the target's launch facts were measured through {', '.join(sorted(measured_through))}; this "
+                     f"trace ran {engine or 'an unnamed engine'}, whose host launches and synchronizes its own way: "
+                     f"launch and sync are not counted (they lie in the residual)")
         return None
     per_call, per_kernel = (f.value * 1e6 for f in facts)
     calls = fmean(trace.kernel_pass.jit_calls)

@@ -88,7 +88,7 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
                 f"the middle half of pairs averaged, a line over the kernel counts weighted by each point's precision")
         for key, us in (("launch_sync_per_call", lc["per_call_us"]), ("launch_sync_per_kernel", lc["per_kernel_us"])):
             lines.append(f'{key} = {{ value = {us * 1e-6:.4g}, unit = "s", status = "measured", '
-                             f'source = "{lsrc}", date = "{today}" }}')
+                         f'source = "{lsrc}", date = "{today}", engine = "tinygrad" }}')
     if "matmul_fp16_rate" in m:
         lines.append(f'measured_matmul_fp16 = {{ value = {m["matmul_fp16_rate"]:.4g}, unit = "FLOP/s", status = "measured", '
                      f'source = "{src}: {m["matmul_n"]}^3 fp16 matmul, tinygrad default kernels (a lower bound on the chip)", date = "{today}" }}')

@@ -37,6 +37,7 @@ DIMENSION_OF = {"bandwidth": "bandwidth", "capacity": "bytes", "local_memory": "
 PLAUSIBLE = {"bandwidth": (1e8, 1e15), "bytes": (1.0, 1e15), "time": (1e-10, 10.0), "rate": (1e8, 1e18),
              "count": (1.0, 1e9), "price": (1e-3, 1e4)}
 HOST = "host"
+FACT_KEYS = {"value", "unit", "status", "source", "date", "engine"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Fact:
     status: str
     source: str
     date: str
+    engine: str | None = None   # a cost measured through one engine (e.g. its launches) holds for that engine only
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,10 @@ def _parse(name: str, body: Any, where: str) -> Target:
     for key, f in body.items():
         if key == "description":
             continue
-        if not isinstance(f, dict) or not {"value", "unit", "status", "source", "date"} <= f.keys() \
-                or not all(isinstance(f[k], str) for k in ("unit", "status", "source", "date")):
-            raise BadInput(f"{where}: {name}.{key} needs a value and unit, status, source and date as strings")
+        if not isinstance(f, dict) or not {"value", "unit", "status", "source", "date"} <= f.keys() <= FACT_KEYS \
+                or not all(isinstance(f[k], str) for k in f.keys() - {"value"}):
+            raise BadInput(f"{where}: {name}.{key} needs a value and unit, status, source and date as strings "
+                           f"(and may name the engine it was measured through)")
         if f["status"] not in STATUSES:
             raise BadInput(f"{where}: {name}.{key}: status {f['status']!r} is not one of {', '.join(STATUSES)}")
         facts[key] = _fact(f, f"{where}: {name}.{key}", signed=key in SIGNED,
@@ -108,7 +111,7 @@ def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
     if v != 0 and not low <= abs(v * factor) <= high:
         raise BadInput(f"{where}: {v:g} {f['unit']} is outside what any chip has ({low:g} to {high:g} "
                        f"{BASE[dim]}): a unit mistake?")
-    return Fact(float(v * factor), BASE[dim], f["status"], str(f["source"]), str(f["date"]))
+    return Fact(float(v * factor), BASE[dim], f["status"], f["source"], f["date"], f.get("engine"))
 
 
 def _load_file(text: str, where: str) -> dict[str, Target]:

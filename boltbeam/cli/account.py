@@ -162,8 +162,8 @@ def _print_compare(cmp, path_a: str, path_b: str) -> None:
     c.print(f"A: {escape(path_a)} ({escape(cmp.a_label)})\nB: {escape(path_b)} ({escape(cmp.b_label)})")
     rows = [(r.region, _num(r.a_us), _num(r.b_us), _num(r.diff_us, True),
              "" if r.winner is None else r.winner if r.winner == "tie"
-             else f"{r.winner} by {abs(r.diff_us):,.2f} µs" + (f" ({abs(r.diff_us) / max(r.a_us, r.b_us):.0%})"
-                                                               if max(r.a_us, r.b_us) else ""),
+             else f"{r.winner} by {abs(r.diff_us):,.2f} µs" + (f" ({abs(r.diff_us) / most:.0%})"
+                                                               if (most := max(abs(r.a_us), abs(r.b_us))) else ""),
              _num(r.floor_us), _num(r.a_gap_us), _num(r.b_gap_us)) for r in cmp.regions]
     c.print(table("Regions, µs per token (median per token)",
                   ["region", "A µs", "B µs", "B - A", "winner", "floor µs", "A above floor", "B above floor"],
@@ -172,8 +172,8 @@ def _print_compare(cmp, path_a: str, path_b: str) -> None:
     c.print(f"whole token: A {cmp.a_wall_us:,.2f} µs, B {cmp.b_wall_us:,.2f} µs; net B - A {cmp.net_us:+,.2f} µs "
             f"({'tie' if d['winner'] == 'tie' else d['winner'] + ' wins'})")
     if cmp.region_net_us is not None:
-        c.print(f"regions sum to {cmp.region_net_us:+,.2f} µs of it; {d['outside_kernels_us']:+,.2f} µs lies outside "
-                f"the compared kernels (gaps, launch and sync, incomparable regions)")
+        c.print(f"the rows sum to {cmp.region_net_us:+,.2f} µs of it; {d['outside_kernels_us']:+,.2f} µs lies outside "
+                f"the compared rows (launch and sync, incomparable rows)")
     if not cmp.floors_shown:
         c.print("floors are not shown: pass --model and --target")
     by_reason: dict[str, list[str]] = {}

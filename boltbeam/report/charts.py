@@ -114,7 +114,7 @@ def waterfall(acc: Account) -> tuple[str, Rows]:
 
 def regions(cmp: Comparison) -> tuple[str, Rows]:
     """Two traces side by side per region, each with the region's floor marked; the whole token first."""
-    token_floor = sum(r.floor_us for r in cmp.regions) if cmp.floors_shown else None   # regions partition the floors
+    token_floor = sum(r.floor_us or 0.0 for r in cmp.regions) if cmp.floors_shown else None   # regions partition the floors
     rows: Rows = [{"region": "whole token", "a_us": cmp.a_wall_us, "b_us": cmp.b_wall_us, "floor_us": token_floor,
                    "winner": "tie" if cmp.a_wall_us == cmp.b_wall_us else "A" if cmp.a_wall_us < cmp.b_wall_us
                    else "B"}]
