@@ -9,8 +9,9 @@ ROOT = Path(boltbeam.__file__).parent
 # model's package), the report layer and the synthetic-model generator (whose presets are shapes to
 # write, read by no decision) are not decision code.
 DECISION = ["read", "bound", "measure", "account", "judge", "ledger", "search", "data"]
-# "llama.cpp" and "llama-bench" name an engine and its tool, not a model.
-MODEL_NAMES = re.compile(r"qwen|llama(?![.\-_](?:cpp|bench))|smollm|mistral|mixtral|gemma|phi-?\d|deepseek|falcon|gpt-?oss|olmo|granite",
+# "llama.cpp" and "llama-bench" name an engine and its tool, not a model; so do the identifiers of
+# llama.cpp's C API, reached through its Python binding imported as `lc` (lc.llama_decode).
+MODEL_NAMES = re.compile(r"qwen|(?<!\blc\.)llama(?![.\-_](?:cpp|bench))|smollm|mistral|mixtral|gemma|phi-?\d|deepseek|falcon|gpt-?oss|olmo|granite",
                          re.IGNORECASE)
 # Dimensions that identify particular models (vocabularies, widths) rather than chips or formats.
 MODEL_SHAPES = re.compile(r"(?<![\d.])(151936|152064|128256|32000|49152|12288|14336|11008|18944|27648)(?![\d.])")
@@ -38,5 +39,7 @@ def test_the_guard_catches_a_rule_keyed_to_a_model(tmp_path):
     (tmp_path / "bound" / "rule.py").write_text('if arch == "qwen3": bw *= 2\n')
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.toml").write_text("vocab_rule = 151936\n")
-    found = violations(tmp_path, ["bound", "data"])
-    assert len(found) == 2 and "qwen" in found[0] and "151936" in found[1]
+    (tmp_path / "measure").mkdir()
+    (tmp_path / "measure" / "engine.py").write_text('lc.llama_decode(ctx, batch)  # llama.cpp\nif arch == "llama": x = 1\n')
+    found = violations(tmp_path, ["bound", "data", "measure"])
+    assert len(found) == 3 and "qwen" in found[0] and "151936" in found[1] and "engine.py:2:" in found[2]

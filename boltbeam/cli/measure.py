@@ -27,9 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _register_profile(sub: argparse._SubParsersAction) -> None:
     from boltbeam.cli.read import model_arg
-    p = sub.add_parser("profile", help="decode through tinygrad: whole-token walls and every kernel, one trace")
+    p = sub.add_parser("profile", help="decode through tinygrad (or llama.cpp): whole-token walls and every kernel, "
+                                       "one trace")
     model_arg(p)
     profile_flags(p, device_required=True)
+    p.add_argument("--engine", choices=["tinygrad", "llama.cpp"], default="tinygrad",
+                   help="what runs the model: tinygrad (default), or llama.cpp through llama-cpp-python built "
+                        "with CUDA, its kernels timed by CUPTI in its own CUDA graphs (--device CUDA)")
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_profile)
@@ -127,7 +131,27 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
 def _profile(args: argparse.Namespace) -> int:
     from boltbeam.cli.read import resolve_model
     model = resolve_model(args)
-    return _save_and_summarize(profile_trace(args, model), args, f"profiled {model}")
+    trace = llama_trace(args, model) if args.engine == "llama.cpp" else profile_trace(args, model)
+    return _save_and_summarize(trace, args, f"profiled {model}")
+
+
+def llama_trace(args: argparse.Namespace, model: str) -> Trace:
+    """Decode `model` in llama.cpp, with the same progress bar; tinygrad's own flags do not apply."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    if args.device != "CUDA":
+        raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
+    tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
+                     (("beam", 0), ("route", None), ("layout", None), ("constants_once", False))
+                     if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
+    if tinygrad_only:
+        raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")
+    from boltbeam.measure.llama_cpp_run import profile
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=report.console(), transient=True) as bar:
+        task = bar.add_task("loading", total=1 + args.warmup + 2 * args.tokens)
+        return profile(model, context=args.context, tokens=args.tokens, warmup=args.warmup,
+                       model_hash=not args.no_hash,
+                       progress=lambda stage, n: bar.update(task, advance=n, description=stage))
 
 
 # --- import -------------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""The llama.cpp decode itself, in a process of its own: `python -m boltbeam.measure.llama_cpp_child`.
+
+Why a process: on the H200, llama.cpp's CUDA model load crashed (segmentation fault) in any process
+that had imported the `gguf` Python package first (BoltBeam's reader), and earlier in one that had
+imported `cupti` first. This process loads the model before it imports either, and imports nothing of
+BoltBeam's that reads a model.
+
+Reads a request as JSON on stdin; writes progress lines ("tick STAGE") to stderr and the raw run as JSON
+to the request's `out` file; a bad request or a failed load is one line on stderr and exit 2 (BadInput) or 3 (Refused).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from boltbeam.errors import BadInput, Refused
+
+
+def _binding():
+    """llama-cpp-python's module, its load log off; one line when it is missing or its library does not load."""
+    try:
+        import llama_cpp
+        from llama_cpp._logger import set_verbose
+    except ImportError as e:
+        raise BadInput(f"profiling llama.cpp needs llama-cpp-python built with CUDA (CMAKE_ARGS=-DGGML_CUDA=on "
+                       f"pip install llama-cpp-python): {e}") from None
+    except (OSError, RuntimeError) as e:   # its ctypes loader found no library, or one that does not load
+        raise BadInput(f"llama-cpp-python's library does not load here: {e}") from None
+    set_verbose(False)
+    return llama_cpp
+
+
+class _Engine:
+    """A model and one context on it, every layer on the GPU, flash attention on."""
+    def __init__(self, lc, path: str, n_ctx: int):
+        self.lc = lc
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = -1
+        mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP    # as the binding's own high-level class loads
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise BadInput(f"llama.cpp cannot load {path}")
+        if n_ctx > (trained := lc.llama_model_n_ctx_train(self.model)):
+            raise BadInput(f"{n_ctx} positions (the prompt and the decoded tokens) exceed the model's context "
+                           f"length {trained}")
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, 512, 512
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.no_perf = True
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise Refused(f"llama.cpp could not create a context of {n_ctx} positions on {path}")
+        self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+
+    def decode(self, tokens: list[int]) -> int:
+        """Run the tokens (one batch), read the last logits back: the greedy next token."""
+        import numpy as np
+        lc = self.lc
+        arr = (lc.llama_token * len(tokens))(*tokens)
+        if lc.llama_decode(self.ctx, lc.llama_batch_get_one(arr, len(tokens))) != 0:
+            raise Refused("llama.cpp could not decode the batch")
+        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, -1), shape=(self.vocab,))
+        return int(logits.argmax())
+
+
+def _tick(stage: str) -> None:
+    print(f"tick {stage}", file=sys.stderr, flush=True)
+
+
+def run(model: str, n_ctx: int, prompt: list[int], tokens: int, warmup: int) -> dict[str, Any]:
+    """Prefill, warm up, plain tokens, then CUPTI on and the timed tokens, flushed once."""
+    lc = _binding()
+    llm = _Engine(lc, model, n_ctx)
+    if max(prompt) >= llm.vocab:
+        raise BadInput(f"the prompt holds token {max(prompt)}; llama.cpp's vocabulary has {llm.vocab}")
+    from boltbeam.measure.graph_timing import Cupti    # imports cupti in start(), after the load
+    cupti = Cupti()
+    out = []
+    for i in range(0, len(prompt), 512):
+        nxt = llm.decode(prompt[i:i + 512])
+    out.append(nxt)
+    _tick("prefill")
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        out.append(llm.decode([out[-1]]))
+        return (time.perf_counter() - t0) * 1e6
+
+    for _ in range(warmup):
+        step()
+        _tick("warm-up")
+    walls = []
+    for _ in range(tokens):
+        walls.append(step())
+        _tick("plain")
+    cupti.start()
+    marks, timed_walls = [], []
+    for _ in range(tokens):
+        before = cupti.now_ns()
+        timed_walls.append(step())
+        marks.append((before, cupti.now_ns()))
+        _tick("timed")
+    records = cupti.stop()
+    from importlib.metadata import version
+    return {"walls_us": walls, "timed_walls_us": timed_walls, "marks_ns": marks, "output_tokens": out,
+            "binding": lc.__version__, "cupti_python": version("cupti-python"),
+            "records": [[r.facts.name, list(r.facts.grid), list(r.facts.block), r.graph_id, r.start_ns, r.end_ns]
+                        for r in records]}
+
+
+def main() -> int:
+    try:
+        req = json.load(sys.stdin)
+        result = run(req["model"], req["n_ctx"], req["prompt"], req["tokens"], req["warmup"])
+        with open(req["out"], "w") as f:   # a file, not stdout: the parent reads stderr until this process ends
+            json.dump(result, f)
+    except BadInput as e:
+        print(e, file=sys.stderr)
+        return 2
+    except Refused as e:
+        print(e, file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

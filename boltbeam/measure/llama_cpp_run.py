@@ -1,0 +1,140 @@
+"""Decode through llama.cpp (its Python binding, llama-cpp-python) and record every kernel of its
+CUDA graphs with the same CUPTI path as tinygrad's profile: one trace, region by region comparable.
+
+The run (`llama_cpp_child`, a process of its own: llama.cpp's CUDA load crashed in a process that had
+imported `gguf` or `cupti` first): load the model fully on the GPU, prefill the same fixed prompt
+tinygrad's profile uses, warm up, decode the plain tokens users get (nothing recording: the wall),
+then turn CUPTI on and decode the timed tokens, flushed once. Greedy tokens, one decode call of one
+token per step, each step read back (its logits), as a chat session does. This process turns the
+child's raw records into the trace.
+
+llama.cpp's kernels carry no tensor: which weight each one reads is found afterwards from facts
+(`llama_cpp_roles.assign`), never from the kernel's name alone.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from boltbeam import __version__
+from boltbeam.errors import BadInput, Refused
+from boltbeam.files import sha256_file
+from boltbeam.measure.graph_timing import Cupti, KernelRecord, LaunchFacts, split_by_token
+from boltbeam.measure.llama_cpp_roles import assign, products_in_order
+from boltbeam.measure.tinygrad_run import prompt_tokens
+from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
+from boltbeam.read.census import take_census
+
+ENGINE = "llama.cpp"
+
+
+@dataclass
+class _Timed:
+    wall_us: float
+    marks_ns: tuple[int, int]
+    records: list[KernelRecord]
+
+
+def _device() -> tuple[str | None, str | None]:
+    """The GPU's name and its driver, as nvidia-smi reports them; None where it cannot."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i",
+                              os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    name, _, driver = out.partition(",")
+    return name.strip() or None, driver.strip() or None
+
+
+def profile(model: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
+            progress: Callable[[str, int], None] | None = None) -> Trace:
+    """Decode `model` in llama.cpp on CUDA (in a child process: `llama_cpp_child`); plain tokens, then tokens
+    timed kernel by kernel through CUPTI."""
+    if tokens < 1 or warmup < 1 or context < 0:
+        raise BadInput("need --tokens >= 1, --warmup >= 1 and --context >= 0")
+    census = take_census(model)
+    if census.unclassified:
+        raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete): "
+                       f"its kernels could not be given roles")
+    Cupti()              # fails here, before the model loads, if cupti-python is missing
+    prompt = prompt_tokens(context, census.facts.vocabulary)
+    request = {"model": model, "n_ctx": len(prompt) + warmup + 2 * tokens + 8, "prompt": prompt, "tokens": tokens,
+               "warmup": warmup}
+    raw = _child(request, progress or (lambda stage, n: None))
+    marks = [tuple(m) for m in raw["marks_ns"]]
+    records = [KernelRecord(LaunchFacts(name, tuple(grid), tuple(block)), graph, start, end)
+               for name, grid, block, graph, start, end in raw["records"]]
+    per_token = split_by_token(records, [m[0] for m in marks] + [marks[-1][1] + 1], f"{ENGINE}, timing cupti")
+    timed = [_Timed(w, m, r) for w, m, r in zip(raw["timed_walls_us"], marks, per_token)]
+    trace = _trace(model, prompt, raw, timed, model_hash, warmup)
+    return assign(trace, products_in_order(census))
+
+
+def _child(request: dict[str, Any], tick: Callable[[str, int], None]) -> dict[str, Any]:
+    """Run the decode in `llama_cpp_child`, passing its progress on; its one-line error is ours."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "raw.json")
+        proc = subprocess.Popen([sys.executable, "-m", "boltbeam.measure.llama_cpp_child"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc.stdin.write(json.dumps({**request, "out": out}))
+        proc.stdin.close()
+        said = []
+        for line in proc.stderr:
+            if line.startswith("tick "):
+                tick(line[5:].strip(), 1)
+            elif line.strip():
+                said.append(line.strip())
+        if proc.wait() == 0:
+            with open(out) as f:
+                return json.load(f)
+    if proc.returncode == 2:
+        raise BadInput(said[-1] if said else "llama.cpp refused the request")
+    raise Refused(f"llama.cpp's decode ended with exit code {proc.returncode}: {said[-1] if said else 'no message'}")
+
+
+def _trace(model: str, prompt: list[int], raw: dict[str, Any], timed: list[_Timed], model_hash: bool,
+           warmup: int) -> Trace:
+    kernels, lead, trail = [], [], []
+    for tok, t in enumerate(timed):
+        if not t.records:
+            raise Refused(f"adapter-incomplete: {ENGINE}: timed token {tok} recorded no kernel (was the model "
+                          f"offloaded to the GPU?)")
+        rs = sorted(t.records, key=lambda r: r.start_ns)
+        t0 = rs[0].start_ns
+        lead.append((t0 - t.marks_ns[0]) / 1e3)
+        trail.append((t.marks_ns[1] - max(r.end_ns for r in rs)) / 1e3)
+        kernels += [Kernel(token=tok, index=i, name=r.facts.name, duration_us=(r.end_ns - r.start_ns) / 1e3,
+                           start_us=(r.start_ns - t0) / 1e3, global_size=list(r.facts.grid),
+                           local_size=list(r.facts.block)) for i, r in enumerate(rs)]
+    graphs = [len({r.graph_id for r in t.records if r.graph_id}) for t in timed]
+    outside = [sum(1 for r in t.records if not r.graph_id) for t in timed]
+    walls, out = raw["walls_us"], raw["output_tokens"]
+    device_name, driver = _device()
+    first_timed = len(prompt) + len(out) - 1 - len(timed)
+    return Trace(
+        environment={"engine": ENGINE, "engine_version": f"llama-cpp-python {raw['binding']}", "device": "CUDA",
+                     "device_name": device_name, "driver": driver, "compiler": None, "compiler_version": None,
+                     "host": platform.node(), "python": platform.python_version(), "command": " ".join(sys.argv),
+                     "model_path": model, "model_sha256": sha256_file(model) if model_hash else None,
+                     "tool": f"boltbeam {__version__}"},
+        workload={"context": len(prompt), "tokens": len(walls), "warmup": warmup, "batch": 1,
+                  "kernel_pass_depths": list(range(first_timed, first_timed + len(timed))),
+                  "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
+        route={"label": "llama.cpp (flash attention, all layers on the GPU)", "switch": None,
+               "settings": {"flash_attn": True, "n_gpu_layers": -1, "n_batch": 512}},
+        token_wall_us=walls, output_tokens=out, kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
+        kernel_pass=KernelPass("cupti", [1] * len(timed), [g + o for g, o in zip(graphs, outside)], lead, trail),
+        provenance={"source": "profile", "tool_version": __version__,
+                    "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "timing": TIMINGS["cupti"] + f" (cupti-python {raw['cupti_python']}); llama.cpp's own CUDA "
+                                                 f"graphs, one decode call per token",
+                    "notes": [f"kernels launched outside a graph per token: {sorted(set(outside))}"],
+                    "inputs": [{"path": model, "sha256": None}]})

@@ -1,0 +1,93 @@
+"""llama.cpp kernel by kernel: its kernels given roles from facts (order, launch grid), on one token
+recorded on the H200 and on tokens built from the tiny model; the runner's bad input."""
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from boltbeam.account.compare import region_times
+from boltbeam.errors import BadInput
+from boltbeam.measure import llama_cpp_run
+from boltbeam.measure.llama_cpp_roles import align, assign, products_in_order
+from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.read.census import TensorEntry, take_census
+
+RECORDED = pathlib.Path(__file__).parent / "data" / "llama_h200_token.json"
+
+
+def trace_of(kernels: list[Kernel]) -> Trace:
+    return Trace(environment={"engine": "llama.cpp"}, workload={"context": 0}, route={"label": "llama.cpp"},
+                 token_wall_us=[100.0], provenance={"source": "profile", "notes": []}, kernels=kernels)
+
+
+def recorded() -> tuple[list[Kernel], list[TensorEntry]]:
+    d = json.loads(RECORDED.read_text())
+    kernels = [Kernel(token=0, index=i, name=name, duration_us=dur, start_us=start, global_size=grid, local_size=block)
+               for i, (name, grid, block, start, dur) in enumerate(d["kernels"])]
+    tables = [TensorEntry(name=n, role=r, format=f, shape=s, bytes=b, bytes_per_token=b, block=blk)
+              for n, r, f, s, b, blk in d["tables"]]
+    return kernels, tables
+
+
+def test_a_recorded_h200_token_gets_every_weight_role():
+    kernels, tables = recorded()
+    out = assign(trace_of(kernels), tables)
+    weights = [k for k in out.kernels if k.category == "weights"]
+    assert sum(len(k.tensors) for k in weights) == len(tables) == 253   # 36 blocks x 7 tables + the output
+    assert len(weights) == 36 * 6 + 1                                   # gate and up run as one kernel
+    fused = [k for k in weights if len(k.tensors) == 2]
+    assert len(fused) == 36 and all(k.tensors[0].endswith("ffn_gate.weight") and k.tensors[1].endswith("ffn_up.weight")
+                                    and k.tensors[0].split(".")[1] == k.tensors[1].split(".")[1] for k in fused)
+    by_name = {t.name: t for t in tables}
+    for k in weights:
+        assert k.global_size[0] == by_name[k.tensors[0]].shape[1]      # one row per group on this GPU
+        assert k.bytes == sum(by_name[t].bytes_per_token for t in k.tensors)
+    assert weights[-1].role == "output" and weights[-1].global_size[0] == by_name["output.weight"].shape[1]
+    categories = {k.category for k in out.kernels}
+    assert {"attention", "norm", "kv_write"} <= categories
+    times = region_times(out)
+    assert times["gate_up"] == pytest.approx(sum(k.duration_us for k in fused))
+    assert "roles from facts" in out.provenance["notes"][-1]
+
+
+def test_a_token_missing_a_product_keeps_no_role():
+    kernels, tables = recorded()
+    missing = [k for i, k in enumerate(kernels) if i != 5]     # block 0's attn_k product never ran
+    out = assign(trace_of(missing), tables)
+    assert all(k.role is None for k in out.kernels)
+    assert "adapter-incomplete" in out.provenance["notes"][-1]
+
+
+def test_a_product_whose_grid_holds_no_table_keeps_no_role():
+    kernels, tables = recorded()
+    wrong = list(kernels)
+    wrong[5] = dataclasses.replace(wrong[5], global_size=[4096, 1, 1])   # attn_k's 1024 rows read as 4096
+    assert all(k.role is None for k in assign(trace_of(wrong), tables).kernels)
+
+
+def test_align_takes_a_fused_pair_only_of_one_shape_and_format(tiny_model):
+    tables = products_in_order(take_census(tiny_model))
+    rows = [t.shape[1] for t in tables]
+    groups = align(rows, tables)
+    assert groups is not None and all(len(g) == 1 for g in groups)
+    # Two rows per group throughout: still one alignment
+    assert align([r // 2 for r in rows], tables) == groups
+    # Gate and up as one kernel: the pair is found wherever a block's two tables share shape and format
+    gate = next(i for i, t in enumerate(tables) if t.role == "ffn_gate")
+    fused = rows[:gate] + rows[gate + 1:]
+    got = align(fused, tables)
+    assert got is not None and [t.role for t in got[gate]] == ["ffn_gate", "ffn_up"]
+    # Three tables of one shape and format read by two products: (1+2, 3) and (1, 2+3) both align,
+    # so neither is guessed
+    three = [dataclasses.replace(tables[0], name=f"t{i}") for i in range(3)]
+    assert align([rows[0]] * 2, three) is None and align([rows[0]] * 3, three) == [[t] for t in three]
+    # A table's rows in the wrong place: no alignment
+    assert align(rows[1:] + rows[:1], tables) is None
+
+
+def test_profile_needs_cupti_and_refuses_bad_counts(tiny_model):
+    with pytest.raises(BadInput, match="tokens"):
+        llama_cpp_run.profile(tiny_model, context=0, tokens=0)
+    with pytest.raises(BadInput, match="cupti-python"):   # CPU machine: checked before any model loads
+        llama_cpp_run.profile(tiny_model, context=0, tokens=2)
