@@ -2,18 +2,28 @@
 recorded on the H200 and on tokens built from the tiny model; the runner's bad input."""
 import dataclasses
 import json
+import os
 import pathlib
 
 import pytest
 
 from boltbeam.account.compare import region_times
+from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.measure import llama_cpp_run
+from boltbeam.measure.trace import load
 from boltbeam.measure.llama_cpp_roles import align, assign, products_in_order
 from boltbeam.measure.trace import Kernel, Trace
 from boltbeam.read.census import TensorEntry, take_census
 
 RECORDED = pathlib.Path(__file__).parent / "data" / "llama_h200_token.json"
+FAKES = pathlib.Path(__file__).parent / "fake_engines"    # stand-ins for llama-cpp-python and cupti-python
+
+
+def with_fakes(monkeypatch) -> None:
+    """The stand-ins on the path of this process (its checks) and of the child it starts (the run)."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKES), os.environ.get("PYTHONPATH")) if p))
 
 
 def trace_of(kernels: list[Kernel]) -> Trace:
@@ -91,3 +101,35 @@ def test_profile_needs_cupti_and_refuses_bad_counts(tiny_model):
         llama_cpp_run.profile(tiny_model, context=0, tokens=0)
     with pytest.raises(BadInput, match="cupti-python"):   # CPU machine: checked before any model loads
         llama_cpp_run.profile(tiny_model, context=0, tokens=2)
+
+
+def test_the_child_runs_end_to_end_with_stand_ins(tiny_model, monkeypatch):
+    with_fakes(monkeypatch)
+    ticks = []
+    t = llama_cpp_run.profile(tiny_model, context=4, tokens=3, warmup=1, model_hash=False,
+                              progress=lambda stage, n: ticks.append(stage))
+    assert ticks == ["prefill", "warm-up"] + ["plain"] * 3 + ["timed"] * 3
+    assert len(t.token_wall_us) == len(t.kernel_pass_wall_us) == 3 and t.kernel_tokens == [0, 1, 2]
+    assert t.output_tokens == [3] * 8                      # prefill, warm-up, 3 plain, 3 timed: the stand-in peaks at 3
+    assert t.kernel_pass.graph_launches == [1, 1, 1] and t.kernel_pass.timing == "cupti"
+    tables = products_in_order(take_census(tiny_model))
+    for token in t.kernel_tokens:
+        read = [name for k in t.kernels_of_token(token) if k.category == "weights" for name in k.tensors]
+        assert read == [x.name for x in tables]            # every table, once, in compute order
+    assert {k.category for k in t.kernels if k.category != "weights"} == {"norm"}
+    assert t.environment["engine"] == "llama.cpp" and "0.0-fake" in t.environment["engine_version"]
+
+
+def test_profile_engine_llama_cpp_from_the_command_line(tiny_model, monkeypatch, tmp_path, capsys):
+    with_fakes(monkeypatch)
+    out = tmp_path / "llama.json"
+    code = main(["profile", tiny_model, "--device", "CUDA", "--engine", "llama.cpp", "--context", "4", "--tokens", "2",
+                 "--warmup", "1", "--no-hash", "--out", str(out), "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["kernel_tokens"] == 2
+    assert load(str(out)).route["label"].startswith("llama.cpp")
+    monkeypatch.setenv("FAKE_LLAMA_LOAD", "fail")            # a file llama.cpp cannot load: one line, exit 2
+    bad = tmp_path / "bad.json"
+    code = main(["profile", tiny_model, "--device", "CUDA", "--engine", "llama.cpp", "--tokens", "2", "--warmup", "1",
+                 "--no-hash", "--out", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and "llama.cpp cannot load" in err and err.count("\n") == 1 and not bad.exists()

@@ -3,6 +3,7 @@ engines' measurements) and `boltbeam export-trace TRACE.json --chrome OUT.json` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from dataclasses import fields
 import statistics
@@ -110,22 +111,26 @@ def layout_of(flag: str | None, from_route: dict[str, str] | None):
 
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     # tinygrad reads its device from the environment when first imported.
     os.environ["DEV"] = args.device
     route = _route_of(args, model)
     layout = layout_of(args.layout, route[1].layout if route else None)
     constants = args.constants_once or bool(route and route[1].constants_once)
     from boltbeam.measure.tinygrad_run import profile
-    total = 2 * (args.warmup + args.tokens)
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=report.console(), transient=True) as bar:
-        task = bar.add_task("loading and compiling", total=total)
+    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam, timing=args.timing, route=route,
-                       prepare=families_of(layout, constants),
-                       progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+                       prepare=families_of(layout, constants), progress=tick)
+
+
+@contextlib.contextmanager
+def _decode_bar(first: str, total: int):
+    """A decode's progress bar on stderr's console; yields the (stage, n) callback the runners take."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=report.console(), transient=True) as bar:
+        task = bar.add_task(first, total=total)
+        yield lambda stage, n: bar.update(task, advance=n, description=stage)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -137,7 +142,6 @@ def _profile(args: argparse.Namespace) -> int:
 
 def llama_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` in llama.cpp, with the same progress bar; tinygrad's own flags do not apply."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     if args.device != "CUDA":
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
     tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
@@ -146,12 +150,9 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")
     from boltbeam.measure.llama_cpp_run import profile
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=report.console(), transient=True) as bar:
-        task = bar.add_task("loading", total=1 + args.warmup + 2 * args.tokens)
+    with _decode_bar("loading", 1 + args.warmup + 2 * args.tokens) as tick:
         return profile(model, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                       model_hash=not args.no_hash,
-                       progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+                       model_hash=not args.no_hash, progress=tick)
 
 
 # --- import -------------------------------------------------------------------------------------

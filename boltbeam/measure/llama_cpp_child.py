@@ -5,17 +5,45 @@ that had imported the `gguf` Python package first (BoltBeam's reader), and earli
 imported `cupti` first. This process loads the model before it imports either, and imports nothing of
 BoltBeam's that reads a model.
 
-Reads a request as JSON on stdin; writes progress lines ("tick STAGE") to stderr and the raw run as JSON
-to the request's `out` file; a bad request or a failed load is one line on stderr and exit 2 (BadInput) or 3 (Refused).
+Reads a `Request` as JSON on stdin; writes progress lines ("tick STAGE") to stderr and the `RawRun` as
+JSON to the request's `out` file; a bad request or a failed load is one line on stderr and exit 2 (BadInput) or 3 (Refused).
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any
+from dataclasses import asdict, dataclass
 
 from boltbeam.errors import BadInput, Refused
+
+
+@dataclass
+class Request:
+    """What the parent asks: the model, the positions to allocate, the prompt, the tokens to decode."""
+    model: str
+    n_ctx: int
+    prompt: list[int]
+    tokens: int
+    warmup: int
+    out: str            # where the RawRun goes
+
+
+@dataclass
+class RawRun:
+    """What the child measured, before any interpretation."""
+    walls_us: list[float]               # plain tokens
+    timed_walls_us: list[float]         # tokens CUPTI timed
+    marks_ns: list[tuple[int, int]]     # per timed token, CUPTI's clock before and after it
+    output_tokens: list[int]
+    binding: str                        # llama-cpp-python's version
+    cupti_python: str
+    records: list[tuple[str, list[int], list[int], int, int, int]]   # name, grid, block, graph id, start, end (ns)
+
+    def kernel_records(self):
+        from boltbeam.measure.graph_timing import KernelRecord, LaunchFacts
+        return [KernelRecord(LaunchFacts(name, tuple(grid), tuple(block)), graph, start, end)
+                for name, grid, block, graph, start, end in self.records]
 
 
 def _binding():
@@ -70,10 +98,11 @@ def _tick(stage: str) -> None:
     print(f"tick {stage}", file=sys.stderr, flush=True)
 
 
-def run(model: str, n_ctx: int, prompt: list[int], tokens: int, warmup: int) -> dict[str, Any]:
+def run(req: Request) -> RawRun:
     """Prefill, warm up, plain tokens, then CUPTI on and the timed tokens, flushed once."""
+    prompt, tokens, warmup = req.prompt, req.tokens, req.warmup
     lc = _binding()
-    llm = _Engine(lc, model, n_ctx)
+    llm = _Engine(lc, req.model, req.n_ctx)
     if max(prompt) >= llm.vocab:
         raise BadInput(f"the prompt holds token {max(prompt)}; llama.cpp's vocabulary has {llm.vocab}")
     from boltbeam.measure.graph_timing import Cupti    # imports cupti in start(), after the load
@@ -105,18 +134,17 @@ def run(model: str, n_ctx: int, prompt: list[int], tokens: int, warmup: int) -> 
         _tick("timed")
     records = cupti.stop()
     from importlib.metadata import version
-    return {"walls_us": walls, "timed_walls_us": timed_walls, "marks_ns": marks, "output_tokens": out,
-            "binding": lc.__version__, "cupti_python": version("cupti-python"),
-            "records": [[r.facts.name, list(r.facts.grid), list(r.facts.block), r.graph_id, r.start_ns, r.end_ns]
-                        for r in records]}
+    return RawRun(walls, timed_walls, marks, out, lc.__version__, version("cupti-python"),
+                  [(r.facts.name, list(r.facts.grid), list(r.facts.block), r.graph_id, r.start_ns, r.end_ns)
+                   for r in records])
 
 
 def main() -> int:
     try:
-        req = json.load(sys.stdin)
-        result = run(req["model"], req["n_ctx"], req["prompt"], req["tokens"], req["warmup"])
-        with open(req["out"], "w") as f:   # a file, not stdout: the parent reads stderr until this process ends
-            json.dump(result, f)
+        req = Request(**json.load(sys.stdin))
+        result = run(req)
+        with open(req.out, "w") as f:   # a file, not stdout: the parent reads stderr until this process ends
+            json.dump(asdict(result), f)
     except BadInput as e:
         print(e, file=sys.stderr)
         return 2

@@ -20,13 +20,14 @@ import platform
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
-from boltbeam.measure.graph_timing import Cupti, KernelRecord, LaunchFacts, split_by_token
+from boltbeam.measure.graph_timing import Cupti, KernelRecord, split_by_token
+from boltbeam.measure.llama_cpp_child import RawRun, Request
 from boltbeam.measure.llama_cpp_roles import assign, products_in_order
 from boltbeam.measure.tinygrad_run import prompt_tokens
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
@@ -66,41 +67,38 @@ def profile(model: str, context: int, tokens: int, warmup: int = 3, model_hash: 
                        f"its kernels could not be given roles")
     Cupti()              # fails here, before the model loads, if cupti-python is missing
     prompt = prompt_tokens(context, census.facts.vocabulary)
-    request = {"model": model, "n_ctx": len(prompt) + warmup + 2 * tokens + 8, "prompt": prompt, "tokens": tokens,
-               "warmup": warmup}
-    raw = _child(request, progress or (lambda stage, n: None))
-    marks = [tuple(m) for m in raw["marks_ns"]]
-    records = [KernelRecord(LaunchFacts(name, tuple(grid), tuple(block)), graph, start, end)
-               for name, grid, block, graph, start, end in raw["records"]]
-    per_token = split_by_token(records, [m[0] for m in marks] + [marks[-1][1] + 1], f"{ENGINE}, timing cupti")
-    timed = [_Timed(w, m, r) for w, m, r in zip(raw["timed_walls_us"], marks, per_token)]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = _child(Request(model, len(prompt) + warmup + 2 * tokens + 8, prompt, tokens, warmup,
+                             os.path.join(tmp, "raw.json")), progress or (lambda stage, n: None))
+    marks = [tuple(m) for m in raw.marks_ns]
+    per_token = split_by_token(raw.kernel_records(), [m[0] for m in marks] + [marks[-1][1] + 1],
+                               f"{ENGINE}, timing cupti")
+    timed = [_Timed(w, m, r) for w, m, r in zip(raw.timed_walls_us, marks, per_token)]
     trace = _trace(model, prompt, raw, timed, model_hash, warmup)
     return assign(trace, products_in_order(census))
 
 
-def _child(request: dict[str, Any], tick: Callable[[str, int], None]) -> dict[str, Any]:
+def _child(request: Request, tick: Callable[[str, int], None]) -> RawRun:
     """Run the decode in `llama_cpp_child`, passing its progress on; its one-line error is ours."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "raw.json")
-        proc = subprocess.Popen([sys.executable, "-m", "boltbeam.measure.llama_cpp_child"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        proc.stdin.write(json.dumps({**request, "out": out}))
-        proc.stdin.close()
-        said = []
-        for line in proc.stderr:
-            if line.startswith("tick "):
-                tick(line[5:].strip(), 1)
-            elif line.strip():
-                said.append(line.strip())
-        if proc.wait() == 0:
-            with open(out) as f:
-                return json.load(f)
+    proc = subprocess.Popen([sys.executable, "-m", "boltbeam.measure.llama_cpp_child"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(asdict(request)))
+    proc.stdin.close()
+    said = []
+    for line in proc.stderr:
+        if line.startswith("tick "):
+            tick(line[5:].strip(), 1)
+        elif line.strip():
+            said.append(line.strip())
+    if proc.wait() == 0:
+        with open(request.out) as f:
+            return RawRun(**json.load(f))
     if proc.returncode == 2:
         raise BadInput(said[-1] if said else "llama.cpp refused the request")
     raise Refused(f"llama.cpp's decode ended with exit code {proc.returncode}: {said[-1] if said else 'no message'}")
 
 
-def _trace(model: str, prompt: list[int], raw: dict[str, Any], timed: list[_Timed], model_hash: bool,
+def _trace(model: str, prompt: list[int], raw: RawRun, timed: list[_Timed], model_hash: bool,
            warmup: int) -> Trace:
     kernels, lead, trail = [], [], []
     for tok, t in enumerate(timed):
@@ -116,11 +114,11 @@ def _trace(model: str, prompt: list[int], raw: dict[str, Any], timed: list[_Time
                            local_size=list(r.facts.block)) for i, r in enumerate(rs)]
     graphs = [len({r.graph_id for r in t.records if r.graph_id}) for t in timed]
     outside = [sum(1 for r in t.records if not r.graph_id) for t in timed]
-    walls, out = raw["walls_us"], raw["output_tokens"]
+    walls, out = raw.walls_us, raw.output_tokens
     device_name, driver = _device()
     first_timed = len(prompt) + len(out) - 1 - len(timed)
     return Trace(
-        environment={"engine": ENGINE, "engine_version": f"llama-cpp-python {raw['binding']}", "device": "CUDA",
+        environment={"engine": ENGINE, "engine_version": f"llama-cpp-python {raw.binding}", "device": "CUDA",
                      "device_name": device_name, "driver": driver, "compiler": None, "compiler_version": None,
                      "host": platform.node(), "python": platform.python_version(), "command": " ".join(sys.argv),
                      "model_path": model, "model_sha256": sha256_file(model) if model_hash else None,
@@ -134,7 +132,7 @@ def _trace(model: str, prompt: list[int], raw: dict[str, Any], timed: list[_Time
         kernel_pass=KernelPass("cupti", [1] * len(timed), [g + o for g, o in zip(graphs, outside)], lead, trail),
         provenance={"source": "profile", "tool_version": __version__,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "timing": TIMINGS["cupti"] + f" (cupti-python {raw['cupti_python']}); llama.cpp's own CUDA "
+                    "timing": TIMINGS["cupti"] + f" (cupti-python {raw.cupti_python}); llama.cpp's own CUDA "
                                                  f"graphs, one decode call per token",
                     "notes": [f"kernels launched outside a graph per token: {sorted(set(outside))}"],
                     "inputs": [{"path": model, "sha256": None}]})

@@ -1,0 +1,2 @@
+def set_verbose(verbose):
+    pass
