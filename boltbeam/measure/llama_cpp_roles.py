@@ -2,7 +2,9 @@
 computes its products, and each kernel's launch grid. No tensor name reaches the device's records.
 
 A token runs, block after block, the matrix products of the block's weight tables in the order a
-block computes them (`roles.ROLES` lists them so), then the output projection. A kernel is a product
+block computes them (`roles.ROLES` lists a standard attention and feed-forward block's in that order;
+a block that computes its tables in another order, or a mixture of experts, does not align and is
+refused), then the output projection. A kernel is a product
 when ggml's CUDA back end named it after its op (`mul_mat`): that names the operation, not the tensor.
 Which tensors it reads is then fixed by order and shape: the products of a token, in start order,
 are aligned with the tensors in compute order, each product taking one tensor, or two adjacent ones

@@ -30,7 +30,7 @@ from boltbeam.measure.graph_timing import Cupti, KernelRecord, split_by_token
 from boltbeam.measure.llama_cpp_child import RawRun, Request
 from boltbeam.measure.llama_cpp_roles import assign, products_in_order
 from boltbeam.measure.tinygrad_run import prompt_tokens
-from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
+from boltbeam.measure.trace import Kernel, KernelPass, Trace
 from boltbeam.read.census import take_census
 
 ENGINE = "llama.cpp"
@@ -132,7 +132,8 @@ def _trace(model: str, prompt: list[int], raw: RawRun, timed: list[_Timed], mode
         kernel_pass=KernelPass("cupti", [1] * len(timed), [g + o for g, o in zip(graphs, outside)], lead, trail),
         provenance={"source": "profile", "tool_version": __version__,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "timing": TIMINGS["cupti"] + f" (cupti-python {raw.cupti_python}); llama.cpp's own CUDA "
-                                                 f"graphs, one decode call per token",
+                    "timing": f"in the graph replay: CUPTI activity records of every kernel of llama.cpp's own "
+                              f"CUDA graphs, flushed once after the measured tokens (cupti-python {raw.cupti_python}); "
+                              f"one decode call per token",
                     "notes": [f"kernels launched outside a graph per token: {sorted(set(outside))}"],
                     "inputs": [{"path": model, "sha256": None}]})
