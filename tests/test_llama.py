@@ -133,3 +133,15 @@ def test_profile_engine_llama_cpp_from_the_command_line(tiny_model, monkeypatch,
                  "--no-hash", "--out", str(bad)])
     err = capsys.readouterr().err
     assert code == 2 and "llama.cpp cannot load" in err and err.count("\n") == 1 and not bad.exists()
+
+
+def test_audit_through_llama_cpp(tiny_model, monkeypatch, tmp_path, capsys):
+    with_fakes(monkeypatch)
+    out = tmp_path / "audit"
+    code = main(["audit", tiny_model, "--device", "CUDA", "--engine", "llama.cpp", "--context", "4", "--tokens", "2",
+                 "--warmup", "1", "--no-hash", "--target", "h200", "--out", str(out)])
+    capsys.readouterr()
+    assert code == 0 and (out / "report.html").exists()
+    assert load(str(out / "trace.json")).environment["engine"] == "llama.cpp"
+    notes = json.loads((out / "account.json").read_text())["notes"]
+    assert any("measured through tinygrad" in n for n in notes)   # no launch line from tinygrad's facts

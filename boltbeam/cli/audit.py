@@ -20,8 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from boltbeam.cli.read import model_arg
     p = sub.add_parser("audit", help="the whole audit in one command: census, floors, profile, account, compare, "
                                      "one HTML report",
-                       description="Census, floors, profile (decode through tinygrad), the tie-out of one token, "
-                                   "comparisons, and report.html, written into --out DIR: " + ", ".join(OUTPUTS)
+                       description="Census, floors, profile (decode through tinygrad, or llama.cpp with --engine), "
+                                   "the tie-out of one token, comparisons, and report.html, written into --out DIR: "
+                                   + ", ".join(OUTPUTS)
                                    + ". --trace reuses a trace already taken instead of profiling.")
     model_arg(p)
     profile_flags(p, device_required=False)
@@ -76,7 +77,7 @@ def run_audit(args: argparse.Namespace) -> int:
 
     from boltbeam.bound.roofline import bound
     from boltbeam.cli.account import check_model
-    from boltbeam.cli.measure import profile_trace
+    from boltbeam.cli.measure import decode_trace
     from boltbeam.cli.read import resolve_model
     from boltbeam.measure import trace as tracefile
     from boltbeam.files import writable_dir
@@ -105,8 +106,8 @@ def run_audit(args: argparse.Namespace) -> int:
             if not args.no_hash_check:
                 check_model(trace, model)
         else:
-            step("profile (decoding through tinygrad)")
-            trace, trace_path = profile_trace(args, model), str(out / "trace.json")
+            step(f"profile (decoding through {args.engine})")
+            trace, trace_path = decode_trace(args, model), str(out / "trace.json")
         step("account, comparisons, report")
         html_path, audit = _audit_files(trace, trace_path, model, b, inputs, out, profiled=given is None)
     return _summarize(audit, html_path, started, args)

@@ -32,9 +32,6 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                                        "one trace")
     model_arg(p)
     profile_flags(p, device_required=True)
-    p.add_argument("--engine", choices=["tinygrad", "llama.cpp"], default="tinygrad",
-                   help="what runs the model: tinygrad (default), or llama.cpp through llama-cpp-python built "
-                        "with CUDA, its kernels timed by CUPTI in its own CUDA graphs (--device CUDA)")
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_profile)
@@ -43,6 +40,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
 def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     """The decode run's flags, shared by `profile` and `audit`."""
     p.add_argument("--device", required=device_required, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
+    p.add_argument("--engine", choices=["tinygrad", "llama.cpp"], default="tinygrad",
+                   help="what runs the model: tinygrad (default), or llama.cpp through llama-cpp-python built "
+                        "with CUDA, its kernels timed by CUPTI in its own CUDA graphs (--device CUDA)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="prompt length: KV depth before decoding")
     p.add_argument("--tokens", type=int, default=10, metavar="K", help="measured tokens per pass (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
@@ -136,8 +136,12 @@ def _decode_bar(first: str, total: int):
 def _profile(args: argparse.Namespace) -> int:
     from boltbeam.cli.read import resolve_model
     model = resolve_model(args)
-    trace = llama_trace(args, model) if args.engine == "llama.cpp" else profile_trace(args, model)
-    return _save_and_summarize(trace, args, f"profiled {model}")
+    return _save_and_summarize(decode_trace(args, model), args, f"profiled {model}")
+
+
+def decode_trace(args: argparse.Namespace, model: str) -> Trace:
+    """The profile flags' decode, by the engine they name."""
+    return llama_trace(args, model) if args.engine == "llama.cpp" else profile_trace(args, model)
 
 
 def llama_trace(args: argparse.Namespace, model: str) -> Trace:
