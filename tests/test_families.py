@@ -232,3 +232,40 @@ def test_one_switch_turns_every_generated_family_off(monkeypatch):
     assert len(families_of(layout.Setting(), True)) == 2
     monkeypatch.setenv("BOLTBEAM_ROUTE", "none")
     assert families_of(layout.Setting(), True) == [] and layout_of("float16:expanded", None) is None
+
+
+@pytest.mark.parametrize("kv_heads, group, head_dim, total, chunk", [
+    (2, 2, 16, 64, 8),
+    (3, 3, 64, 512, 32),     # the shape that sent tinygrad's code generator into endless recursion before
+    (8, 4, 128, 512, 128),
+])
+def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, total, chunk):
+    """One query position over a cache whose length is a JIT variable: by chunks, then combined."""
+    from tinygrad import Tensor, TinyJit, UOp
+    from boltbeam.route.attention import split_sdpa
+    cache = Tensor.randn(2, 1, kv_heads, total, head_dim).realize()
+    pos = UOp.variable("start_pos", 0, total - 1)
+
+    @TinyJit
+    def split(q, p):
+        return split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], chunk, total).realize()
+
+    for p in (0, chunk - 1, chunk, total // 2 + 3, total - 1):   # first chunk, its edges, a partial chunk, all
+        q = Tensor.randn(1, kv_heads * group, 1, head_dim).realize()
+        got = split(q, pos.bind(p)).numpy()
+        want = q.scaled_dot_product_attention(cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], enable_gqa=True).numpy()
+        assert np.abs(got - want).max() < 1e-5, p
+
+
+def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
+    default = profile(tiny_model, tmp_path / "default.json", "--context", "20", "--tokens", "2")
+    split = profile(tiny_model, tmp_path / "split.json", "--context", "20", "--tokens", "2", "--split-attention", "16")
+    fam = split.route["settings"]["families"]["split-attention"]
+    assert split.route["label"] == "split-attention + tinygrad-scheduler"
+    assert fam["chunk"] == 16 and fam["applied"] == fam["eligible"] == take_census(tiny_model).facts.blocks
+    assert split.output_tokens == default.output_tokens
+    reads_kv = lambda t: sorted(k.name for k in t.kernels_of_token(0) if k.category == "attention")
+    assert reads_kv(split) and reads_kv(split) != reads_kv(default)   # other kernels read the cache now
+    out = tmp_path / "bad.json"       # a chunk the family does not list: one line before any loading
+    assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--split-attention", "48"]) == 2
+    assert "one of 16, 32, 64, 128, 256" in capsys.readouterr().err and not out.exists()

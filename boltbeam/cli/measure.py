@@ -59,6 +59,8 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "overrides a route's layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
+    p.add_argument("--split-attention", type=int, metavar="CHUNK", help="decode attention split over the sequence "
+                   "in chunks of CHUNK positions, each read by its own groups, then combined")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -74,10 +76,10 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool) -> list:
+def families_of(layout, constants_once: bool, split_attention: int | None = None) -> list:
     """The generated route families to build on the loaded model, in order; none when switched off."""
     from boltbeam.measure.route import env_off
-    from boltbeam.route import constants, layout as layouts
+    from boltbeam.route import attention, constants, layout as layouts
     if env_off():
         return []
     families = []
@@ -87,6 +89,12 @@ def families_of(layout, constants_once: bool) -> list:
         families.append(generated_layout)
     if constants_once:
         families.append(constants.install)
+    if split_attention is not None:
+        attention.check_chunk(split_attention)   # before minutes of loading
+
+        def split(net, census, path):
+            return attention.install(net, census, path, split_attention)
+        families.append(split)
     return families
 
 
@@ -120,7 +128,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam, timing=args.timing, route=route,
-                       prepare=families_of(layout, constants), progress=tick)
+                       prepare=families_of(layout, constants, args.split_attention), progress=tick)
 
 
 @contextlib.contextmanager
@@ -149,7 +157,8 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
     if args.device != "CUDA":
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
     tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
-                     (("beam", 0), ("route", None), ("layout", None), ("constants_once", False))
+                     (("beam", 0), ("route", None), ("layout", None), ("constants_once", False),
+                      ("split_attention", None))
                      if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")

@@ -1,0 +1,108 @@
+"""Decode attention split over the sequence, then a combine: the KV cache read by many groups at once.
+
+At decode a query of one position attends over every cached position so far, a length tinygrad
+holds as a variable. tinygrad cannot split a reduction whose length is a variable, so each head's
+sum over the sequence runs in one group, however long the sequence is. This family writes the same
+attention as tensor code whose long reduction has a fixed length: the cached keys and values, padded
+to the cache's whole length, are cut into chunks of `chunk` positions; only the chunks that hold a
+position so far are read (their count is the variable now, an axis of the output, not of a
+reduction); each chunk gives its own maximum, sum of exponentials and weighted values, and a combine
+over the chunks rescales them to one softmax, as a split-K flash-decoding kernel does.
+
+It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
+query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
+not by the block's class or the model.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from boltbeam.errors import BadInput
+from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
+from boltbeam.measure.tinygrad_run import Prepared
+
+FAMILY = SPLIT_ATTENTION_LABEL
+SPACE = "split_attention"           # its knob's values: data/spaces.toml
+
+
+def split_sdpa(q, k, v, chunk: int, total: int):
+    """Attention of q (B, H, 1, Hd) over k, v (B, KvH, L, Hd), L <= total (variable), grouped query heads
+    sharing each key head, by chunks of `chunk` positions of a sequence padded to `total`."""
+    from tinygrad import Tensor
+    B, H, _, Hd = q.shape
+    KvH, L = k.shape[1], k.shape[2]
+    G, C = H // KvH, total // chunk
+    n = (L + chunk - 1) // chunk                                   # chunks that hold a position so far
+    pad = ((0, 0), (0, 0), (0, total - L), (0, 0))
+    # Key heads keep an axis of 1 for their query group. (Shrinking the chunks of a (B, KvH, C, chunk, Hd)
+    # view and broadcasting it later sent tinygrad 0.13.0's code generator into endless recursion for
+    # some head counts: 3 key heads of 3 queries each, 512 positions in chunks of 32.)
+    kc = k.pad(pad).reshape(B, KvH, 1, C, chunk, Hd)[:, :, :, 0:n]          # (B, KvH, 1, n, chunk, Hd)
+    vc = v.pad(pad).reshape(B, KvH, 1, C, chunk, Hd)[:, :, :, 0:n]
+    s = (q.float().reshape(B, KvH, G, 1, 1, Hd) * kc.float()).sum(-1) * (1.0 / Hd ** 0.5)   # scores in float32
+    s = s.reshape(B, H, s.shape[3], chunk)                                   # (B, H, n, chunk)
+    s = (Tensor.arange(total, device=q.device).reshape(C, chunk)[0:n] < L).where(s, float("-inf"))
+    m = s.max(-1)                                                            # each chunk's maximum
+    p = (s - m.unsqueeze(-1)).exp()
+    vh = vc.float().expand(B, KvH, G, vc.shape[3], chunk, Hd).reshape(B, H, vc.shape[3], chunk, Hd)
+    o = (p.unsqueeze(-1) * vh).sum(-2)                                       # (B, H, n, Hd)
+    w = (m - m.max(-1, keepdim=True)).exp()                                  # the combine: one softmax over all chunks
+    out = (o * w.unsqueeze(-1)).sum(-2) / (p.sum(-1) * w).sum(-1).unsqueeze(-1)
+    return out.reshape(B, H, 1, Hd).cast(q.dtype)
+
+
+@contextlib.contextmanager
+def _split_decode_attention(chunk: int, total: int, taken):
+    """Within the block's attention: a decode step's attention (one query, no mask) goes by chunks;
+    `taken()` is called each time it does."""
+    from tinygrad import Tensor
+    original = Tensor.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
+        if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0:
+            taken()
+            return split_sdpa(q, k, v, chunk, total)
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    Tensor.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        Tensor.scaled_dot_product_attention = original
+
+
+def check_chunk(chunk: int) -> int:
+    from boltbeam.search.space import families
+    chunks = families()[SPACE].parameters["chunk"]
+    if chunk not in chunks:
+        raise BadInput(f"--split-attention {chunk}: positions per chunk must be one of {', '.join(map(str, chunks))} "
+                       f"(spaces.toml, family {SPACE})")
+    return chunk
+
+
+def install(net, census, model_path: str, chunk: int) -> Prepared:
+    """Wrap every block's attention so its decode steps split over the sequence (`chunk` positions a chunk)."""
+    check_chunk(chunk)
+    t0 = time.perf_counter()
+    prepared = Prepared(FAMILY, {"chunk": chunk})
+    total = -(-net.max_context // chunk) * chunk                    # the cache's positions, whole chunks
+    split_blocks: set[int] = set()
+    for i, block in enumerate(getattr(net, "blk", [])):
+        attention = getattr(block, "_attention", None)
+        if attention is None:
+            continue
+        prepared.eligible += 1
+
+        def taken(i=i):   # a block counts once it has run a decode step's attention by chunks
+            split_blocks.add(i)
+            prepared.applied = len(split_blocks)
+
+        def split(x, start_pos, attention=attention, taken=taken):
+            with _split_decode_attention(chunk, total, taken):
+                return attention(x, start_pos)
+        block._attention = split
+    if not prepared.eligible:
+        raise BadInput(f"model {model_path}: no block computes attention: nothing to split")
+    prepared.seconds = time.perf_counter() - t0
+    return prepared
