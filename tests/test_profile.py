@@ -204,3 +204,21 @@ def test_audit_end_to_end_on_cpu(tiny_model, tmp_path):
     assert doc["returns"]["measured"]["usd_per_mtok"] == pytest.approx(1e6 / (3600 * summary["tok_s"]))
     html = (out / "report.html").read_text()
     assert html.count("<svg") == 3 and f"{summary['wall_us']:,.2f}" in html   # roofline, tie-out, timeline
+
+
+def test_what_attention_alone_wrote_is_attention(tiny_model):
+    """Launch order matters: a kernel that reads only buffers attention kernels wrote (a softmax, a split
+    attention's combine) is attention; one that also reads another buffer is not."""
+    from types import SimpleNamespace
+
+    from boltbeam.measure.tinygrad_run import Classifier, Launch
+    from boltbeam.read.census import take_census
+    buf = lambda n: SimpleNamespace(base=None, _base=None, nbytes=n, offset=0)
+    for b in (kv := buf(4096), scores := buf(64), probs := buf(64), x := buf(128), out := buf(128), y := buf(8)):
+        b.base = b
+    c = Classifier(take_census(tiny_model), file_size=1, kv_bases={id(kv)}, rope_bases=set())
+    launch = lambda reads, writes: Launch("k", "kernel", [1], [1], None, None, None, reads, writes)
+    assert c.classify(launch([kv, x], [scores]))[0] == "attention"          # reads the cache
+    assert c.classify(launch([scores], [probs]))[0] == "attention"          # reads only what attention wrote
+    assert c.classify(launch([probs, x], [out]))[0] != "attention"          # also reads the residual stream
+    assert c.classify(launch([out], [y]))[0] != "attention"                 # its input's last writer was not attention

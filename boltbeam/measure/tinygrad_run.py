@@ -247,10 +247,13 @@ class Prepared:
 
 class Classifier:
     """Maps a launch to (category, role, tensors) from the buffers it touches, never from tensor or
-    model names; only a kernel that touches nothing it can place falls back on tinygrad's kind prefix."""
+    model names; only a kernel that touches nothing it can place falls back on tinygrad's kind prefix.
+    Launches are classified in launch order: a kernel that reads only what attention kernels wrote (a
+    softmax between the score and value kernels, a split attention's combine) is attention's too."""
     def __init__(self, census: Census, file_size: int, kv_bases: set[int], rope_bases: set[int],
                  placed: dict[int, TensorEntry] | None = None):
         self.placed = placed or {}
+        self.last_writer: dict[int, str] = {}     # buffer identity -> the category of the kernel that last wrote it
         self.tensors = sorted((t for t in census.tensors if not t.tied), key=lambda t: t.data_offset)
         self.offsets = [t.data_offset for t in self.tensors]
         self.file_size, self.kv_bases, self.rope_bases = file_size, kv_bases, rope_bases
@@ -268,6 +271,12 @@ class Classifier:
         return None
 
     def classify(self, l: Launch) -> tuple[str, str | None, list[str]]:
+        category, role, names = self._classify(l)
+        for b in l.writes:
+            self.last_writer[id(b.base)] = category
+        return category, role, names
+
+    def _classify(self, l: Launch) -> tuple[str, str | None, list[str]]:
         if l.op == "copy":
             return "copy", None, []
         read = [t for b in l.reads if (t := self._tensor_at(b)) is not None]
@@ -287,6 +296,8 @@ class Classifier:
         if bases(l.writes) & self.kv_bases:
             return "kv_write", None, []
         if bases(l.reads) & self.kv_bases:
+            return "attention", None, []
+        if all(self.last_writer.get(b) == "attention" for b in bases(l.reads)):
             return "attention", None, []
         if bases(l.reads) & self.rope_bases:
             return "rope", None, []
