@@ -168,8 +168,8 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
     for r in (*REGIONS, *TIMELINE_ROWS):
         ta = times_a.get(r) if times_a else None
         tb = times_b.get(r) if times_b else None
-        fl = floors[r] if floors and r in floors else None
-        comparable = r not in incomparable and ta is not None and tb is not None
+        fl = floors.get(r) if floors else None
+        comparable = r not in incomparable     # every row a side has no time for is marked incomparable above
         regions.append(Region(region=r, a_us=ta, b_us=tb, diff_us=tb - ta if comparable else None,
                               winner=_winner(ta, tb) if comparable else None, floor_us=fl,
                               a_gap_us=None if ta is None or fl is None else ta - fl,
