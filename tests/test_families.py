@@ -42,7 +42,7 @@ def test_every_format_the_models_use_has_the_family():
         assert "repacked-layout" in formats()[fmt]["routes"]
     from boltbeam.search.space import families
     fam = families()[layout.FAMILY]        # its knobs live in spaces.toml, beside the searched families
-    assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "factored"}
+    assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "factored", "stacked"}
 
 
 @pytest.mark.parametrize("fmt", layout.formats_with_layout())
@@ -133,13 +133,25 @@ def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
     default = profile(tiny_model, tmp_path / "default.json", "--context", "4", "--tokens", "2")
     routed = profile(tiny_model, tmp_path / "layout.json", "--context", "4", "--tokens", "2", "--layout", "float32:expanded")
     once = profile(tiny_model, tmp_path / "once.json", "--context", "4", "--tokens", "2", "--constants-once")
+    stacked = profile(tiny_model, tmp_path / "stacked.json", "--context", "4", "--tokens", "2",
+                      "--layout", "float32:expanded:stacked")
     lay = routed.route["settings"]["families"]["generated-layout"]
     assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
     assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
     # The same greedy tokens, and every weight role still found: the classifier follows the new planes.
-    assert routed.output_tokens == default.output_tokens == once.output_tokens
+    assert routed.output_tokens == default.output_tokens == once.output_tokens == stacked.output_tokens
     roles = lambda t: sorted(k.role for k in t.kernels_of_token(0) if k.category == "weights")
     assert roles(routed) == roles(default) == roles(once)
+    # Stacked: one product a block for gate and up (and for the query and key), named by every tensor it
+    # reads, so every weight the separate route reads is still found, in fewer kernels.
+    products = lambda t: [set(k.tensors) for k in t.kernels_of_token(0) if k.category == "weights"]
+    names = lambda t: set().union(*products(t)) - {n for n in set().union(*products(t)) if "norm" in n}
+    assert names(stacked) == names(routed) and len(products(stacked)) < len(products(routed))
+    census = take_census(tiny_model)
+    for b in range(census.facts.blocks):
+        assert any({f"blk.{b}.ffn_gate.weight", f"blk.{b}.ffn_up.weight"} <= p for p in products(stacked))
+        assert any({f"blk.{b}.attn_q.weight", f"blk.{b}.attn_k.weight"} <= p for p in products(stacked))
+    assert stacked.route["settings"]["families"]["generated-layout"]["stack"] == "stacked"
     # The default route recomputes the rotary table every token: kernels that read no buffer. The
     # account names that cause with the bytes; constants-once leaves no such kernel.
     made = [k for k in default.kernels_of_token(0) if k.category == "constant"]
@@ -175,7 +187,7 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
     _ok(_run(search_cmd(tiny_model, out, tmp_path / "ledger.sqlite", "--budget", "1", "--no-judge",
                         "--layout", "float32:expanded", "--constants-once")))
     route = json.loads((out / "route.json").read_text())
-    assert route["layout"] == {"scale_dtype": "float32", "form": "expanded"} and route["constants_once"] is True
+    assert route["layout"] == {"scale_dtype": "float32", "form": "expanded", "stack": "separate"} and route["constants_once"] is True
     assert route["choices"]
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "8", "--tokens", "2", "--route", str(out / "route.json"))
     assert routed.route["label"] == "generated-layout + constants-once + boltbeam-search"
@@ -185,11 +197,23 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
 def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     from boltbeam.route import choose
     census = take_census(tiny_model)
-    flags = [f"{s.scale_dtype}:{s.form}" for s in choose.settings()]
-    assert sorted(flags) == ["float16:expanded", "float16:factored", "float32:expanded", "float32:factored"]
+    flags = [s.flag for s in choose.settings()]
+    assert sorted(flags) == sorted(f"{d}:{f}{st}" for d in ("float16", "float32") for f in ("expanded", "factored")
+                                   for st in ("", ":stacked"))
+    assert [layout.Setting.parse(f).flag for f in flags] == flags
     b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, choose.settings())}
     assert b["float16:expanded"] < b["float32:expanded"] < b["float32:factored"]
-    assert b["float16:expanded"] < b["float16:factored"]
+    assert b["float16:expanded"] < b["float16:factored"] and b["float16:expanded"] == b["float16:expanded:stacked"]
+    # Stacking reads the same bytes in fewer products: each block's stacks (query and key of one format;
+    # gate and up) launch one kernel each; a target's measured cost a kernel then orders them.
+    separate, stacked = (choose.predicted_products(census, layout.Setting("float16", "expanded", st))
+                         for st in layout.STACKS)
+    blocks = census.facts.blocks
+    assert stacked < separate and separate - stacked >= 2 * blocks
+    h200 = get_target("h200")
+    us = {f: choose.predicted_us(census, s, h200) for f, s in zip(flags, choose.settings())}
+    per_kernel = h200.fact(choose.PER_KERNEL_FACT) * 1e6
+    assert us["float16:expanded"] - us["float16:expanded:stacked"] == pytest.approx((separate - stacked) * per_kernel)
     # A scale and an offset per group: float32 ones cost 4 bytes more a group than float16 ones.
     taken = [t for t in census.tensors if layout.values_of(t.format) and len(t.shape) == 2
              and t.role not in (None, "token_embd")]
@@ -208,13 +232,16 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
     out = tmp_path / "layout"
     done = _ok(_run([sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
                      "--targets", CPU_TARGETS, "--family", "repacked_layout", "--context", "4", "--tokens", "5",
-                     "--ledger", str(ledger), "--out", str(out), "--json"]))
+                     "--ledger", str(ledger), "--out", str(out), "--budget", "3", "--json"]))
     summary = json.loads(done.stdout)
     cands = summary["candidates"]
-    assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 4
-    skipped = [c for c in cands if c["skipped"]]
-    assert [c["setting"] for c in skipped] == ["float32:factored"] and "two kernels a product" in skipped[0]["skipped"]
+    assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 8
+    by_ledger = [c for c in cands if c["skipped"] and "two kernels a product" in c["skipped"]]
+    assert [c["setting"] for c in by_ledger] == ["float32:factored"]
+    # The budget: FutureSight's three best predicted settings the ledger does not hold are judged, no more.
     judged = [c for c in cands if not c["skipped"]]
+    assert len(judged) == 3 and all("budget" in c["skipped"] for c in cands if c["skipped"] and c not in by_ledger)
+    assert cands.index(judged[-1]) < min(cands.index(c) for c in cands if c["skipped"] and c not in by_ledger)
     assert all(c["verdict"] in VERDICTS and c["median_us"] > 0 for c in judged)
     with Ledger(ledger, create=False) as led:
         recorded = {e.scope.get("setting"): e for e in led.entries() if e.actor == "boltbeam search"}
@@ -224,7 +251,7 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
     assert (summary["chosen"] is None) == (not promoted) and (out / "route.json").exists() == bool(promoted)
     if promoted:
         route = json.loads((out / "route.json").read_text())
-        assert f"{route['layout']['scale_dtype']}:{route['layout']['form']}" == summary["chosen"]
+        assert layout.Setting(**route["layout"]).flag == summary["chosen"] and route["beam"] == 0
 
 
 def test_one_switch_turns_every_generated_family_off(monkeypatch):
@@ -255,6 +282,46 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
         got = split(q, pos.bind(p)).numpy()
         want = q.scaled_dot_product_attention(cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], enable_gqa=True).numpy()
         assert np.abs(got - want).max() < 1e-5, p
+
+
+def test_stacked_planes_give_each_layer_its_own_product():
+    """Layers of one format stacked one above another: each layer's rows of the one product equal its
+    own product, the bias added after; planes of another storage do not stack with them."""
+    from tinygrad import Tensor
+    rng = np.random.default_rng(3)
+    parts = [layout.repack(blocks("Q4_K", rng, rows=r), "Q4_K", r, COLS) for r in (16, 8, 8)]
+    stack = layout.stacked(parts)
+    assert stack.rows == 32 and len({layout._stack_key(p) for p in parts}) == 1
+    x = Tensor(rng.standard_normal((1, 1, COLS)).astype(np.float32))
+    bias = Tensor(rng.standard_normal(8).astype(np.float32))
+    start = 0
+    for p, b in zip(parts, (None, bias, None)):
+        rows = slice(start, start + p.rows)
+        for form in layout.FORMS:
+            got = layout.LayoutLinear(stack, b, form, rows)(x).numpy()
+            want = layout.LayoutLinear(p, b, form)(x).numpy()
+            assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        start += p.rows
+    q6 = layout.repack(blocks("Q6_K", rng, rows=8), "Q6_K", 8, COLS)
+    assert layout._stack_key(q6) != layout._stack_key(parts[0])
+
+
+def test_search_refuses_a_baseline_of_another_route(tiny_model, tmp_path, capsys):
+    """--baseline must be the default route at the search's depth and BEAM width: one line, nothing written."""
+    from tests.test_search import CPU_TARGETS
+    base = tmp_path / "base.json"
+    profile(tiny_model, base, "--context", "4", "--tokens", "5")
+    out = tmp_path / "layout"
+    cmd = ["search", tiny_model, "--device", "CPU", "--target", "host-like", "--targets", CPU_TARGETS, "--family",
+           "repacked_layout", "--tokens", "5", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(out), "--baseline", str(base)]
+    assert main([*cmd, "--context", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "context 4" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main([*cmd, "--context", "4", "--beam", "2"]) == 2
+    assert "BEAM width 0" in capsys.readouterr().err and not out.exists()
+    assert main(["search", tiny_model, "--device", "CPU", "--target", "host-like", "--targets", CPU_TARGETS,
+                 "--out", str(out), "--beam", "2"]) == 2
+    assert "repacked_layout" in capsys.readouterr().err and not out.exists()
 
 
 def test_profile_with_split_attention(tiny_model, tmp_path, capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from dataclasses import fields
 import statistics
 from typing import Any
 
@@ -54,9 +53,10 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
     p.add_argument("--route", metavar="ROUTE.json", help="run the kernels a search's route names with its settings "
                                                          "(`none`, or BOLTBEAM_ROUTE=none, turns it off)")
-    p.add_argument("--layout", metavar="SCALES:FORM", help="repack the quantized linear layers at load into the "
-                   "generated layout (scales float16 or float32; gemv form expanded or factored), e.g. float16:expanded; "
-                   "overrides a route's layout; `none` turns it off")
+    p.add_argument("--layout", metavar="SCALES:FORM[:stacked]", help="repack the quantized linear layers at load into "
+                   "the generated layout (scales float16 or float32; gemv form expanded or factored; stacked: the layers "
+                   "a block multiplies by one input in one matrix), e.g. float16:expanded:stacked; overrides a route's "
+                   "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
     p.add_argument("--split-attention", type=int, metavar="CHUNK", help="decode attention split over the sequence "
@@ -105,15 +105,12 @@ def layout_of(flag: str | None, from_route: dict[str, str] | None):
     if flag == "none" or env_off():
         return None
     if flag is not None:
-        scale_dtype, sep, form = flag.partition(":")
-        if not sep:
-            raise BadInput(f"--layout {flag!r}: expected SCALES:FORM, e.g. float16:expanded")
-        return Setting(scale_dtype, form)
+        return Setting.parse(flag)
     if not from_route:
         return None
-    keys = [f.name for f in fields(Setting)]
-    if set(from_route) != set(keys):
-        raise BadInput(f"route layout {from_route}: expected exactly the keys {' and '.join(keys)}")
+    required, optional = {"scale_dtype", "form"}, {"stack"}    # routes written before the stack knob lack it
+    if not required <= set(from_route) <= required | optional:
+        raise BadInput(f"route layout {from_route}: expected the keys scale_dtype and form, and optionally stack")
     return Setting(**from_route)
 
 
@@ -127,7 +124,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     from boltbeam.measure.tinygrad_run import profile
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                       model_hash=not args.no_hash, beam=args.beam, timing=args.timing, route=route,
+                       model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
+                       timing=args.timing, route=route,
                        prepare=families_of(layout, constants, args.split_attention), progress=tick)
 
 

@@ -34,17 +34,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search "
                    f"(tinygrad_opts: per kernel; {LAYOUT_FAMILY}: the generated layout, each setting judged on the "
                    "whole token)")
-    p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8)")
+    p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8); "
+                   f"with --family {LAYOUT_FAMILY}, settings judged whole at most, FutureSight's best first")
     p.add_argument("--seconds-per-kernel", type=float, default=30.0, metavar="S",
                    help="no new setting is timed for a kernel after S seconds of its own (default 30)")
     p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
     p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
                    help=f"whole tokens per side for the judge (default {JUDGE_TOKENS})")
-    p.add_argument("--layout", metavar="SCALES:FORM", help="search the kernels of the token on the generated layout "
+    p.add_argument("--layout", metavar="SCALES:FORM[:stacked]", help="search the kernels of the token on the generated layout "
                    "(see `profile --layout`); the route file carries the layout")
     p.add_argument("--constants-once", action="store_true", help="search the token with its constants computed once; "
                    "the route file carries it")
     p.add_argument("--no-judge", action="store_true", help="write the route without profiling the whole token")
+    p.add_argument("--beam", type=int, default=0, metavar="N", help=f"with --family {LAYOUT_FAMILY}: every whole "
+                   "token, the baseline's too, runs with tinygrad's BEAM search of width N (the route file keeps N)")
+    p.add_argument("--baseline", metavar="TRACE.json", help=f"with --family {LAYOUT_FAMILY}: judge against this "
+                   "profile of the default route (same model, device, context and --beam) instead of profiling it")
     fan = p.add_mutually_exclusive_group()
     fan.add_argument("--workers", type=int, metavar="N", help="time on a local Dask cluster of N worker processes, "
                      "one device each (on CUDA, worker i sees GPU i); planning and the ledger stay here")
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     if args.family == LAYOUT_FAMILY:
         return _choose_layout(model, target, args)
+    if args.beam or args.baseline:
+        raise BadInput(f"--beam and --baseline judge whole tokens: they go with --family {LAYOUT_FAMILY}")
     fam = searchable(args.family)
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
@@ -159,9 +166,9 @@ def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
-    from boltbeam.route.choose import choose, route_of
-    if args.tokens < 5 or args.context < 0:
-        raise BadInput("need --tokens >= 5 (the judge's minimum) and --context >= 0")
+    from boltbeam.route.choose import baseline_of, choose, route_of
+    if args.beam < 0:
+        raise BadInput("need --beam >= 0")
     if args.workers or args.scheduler:
         raise BadInput(f"--family {LAYOUT_FAMILY} judges whole tokens in this process: drop --workers and --scheduler")
     if args.layout or args.constants_once or args.no_judge:
@@ -169,17 +176,22 @@ def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
                        "--constants-once and --no-judge")
     census = take_census(model)
     sha = sha256_file(model)
+    baseline = None
+    if args.baseline:
+        baseline = args.baseline, baseline_of(args.baseline, sha, args.device, args.context, args.beam)
     with Ledger(args.ledger) as ledger:
         out = writable_dir(args.out)
         with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
                       console=report.console(), transient=True) as bar:
             task = bar.add_task("judging the layout's settings", total=None)
             choice = choose(model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
-                            lambda what: bar.update(task, description=escape(what)))
-    route = route_of(choice, sha, args.device, target.name)
+                            lambda what: bar.update(task, description=escape(what)), beam=args.beam,
+                            budget=args.budget, baseline=baseline)
+    route = route_of(choice, sha, args.device, target.name, args.beam)
     if route:
         routes.save(route, out / "route.json")
-    summary = {**choice.to_dict(), "route": str(out / "route.json") if route else None}
+    summary = {**choice.to_dict(), "beam": args.beam, "baseline": args.baseline or str(out / "baseline.json"),
+               "route": str(out / "route.json") if route else None}
     write_json(out / "search.json", summary)
     if args.json:
         report.print_json(summary)

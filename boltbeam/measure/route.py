@@ -54,6 +54,7 @@ class Route:
     choices: list[Choice] = field(default_factory=list)
     layout: dict[str, str] | None = None   # the generated layout built at load (route/layout.py's Setting), if any
     constants_once: bool = False           # realize tensors that read nothing once (route/constants.py)
+    beam: int = 0                          # tinygrad's BEAM width the route was judged with (the search runs again at load)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -89,7 +90,7 @@ def load(path: str) -> Route:
                           measured_us=float(c["measured_us"]), default_us=float(c["default_us"]),
                           predicted_us=c.get("predicted_us")) for c in d["choices"]]
         route = Route(d["model_sha256"], str(d["engine"]), str(d["device"]), str(d["target"]), str(d["family"]),
-                      str(d["provenance"]), choices, d.get("layout"), d.get("constants_once", False))
+                      str(d["provenance"]), choices, d.get("layout"), d.get("constants_once", False), d.get("beam", 0))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{where}: malformed ({type(e).__name__}: {e})") from None
     if route.layout is not None and not (isinstance(route.layout, dict) and
@@ -97,6 +98,8 @@ def load(path: str) -> Route:
         raise BadInput(f"{where}: layout must be a table of names to names")
     if not isinstance(route.constants_once, bool):
         raise BadInput(f"{where}: constants_once must be true or false")
+    if not isinstance(route.beam, int) or isinstance(route.beam, bool) or route.beam < 0:
+        raise BadInput(f"{where}: beam must be a whole number, 0 or more")
     sha = route.model_sha256
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
         raise BadInput(f"{where}: model_sha256 must be 64 hex digits or null")

@@ -237,7 +237,7 @@ class Prepared:
     eligible: int = 0                  # parts it could have changed
     bytes: int = 0                     # bytes the changed parts now hold
     seconds: float = 0.0               # time spent making the change
-    placed: dict[int, TensorEntry] = field(default_factory=dict)   # a new buffer's identity -> the GGUF tensor it holds
+    placed: dict[int, tuple[TensorEntry, ...]] = field(default_factory=dict)   # a new buffer's identity -> the GGUF tensors it holds
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -251,7 +251,7 @@ class Classifier:
     Launches are classified in launch order: a kernel that reads only what attention kernels wrote (a
     softmax between the score and value kernels, a split attention's combine) is attention's too."""
     def __init__(self, census: Census, file_size: int, kv_bases: set[int], rope_bases: set[int],
-                 placed: dict[int, TensorEntry] | None = None):
+                 placed: dict[int, tuple[TensorEntry, ...]] | None = None):
         self.placed = placed or {}
         self.last_writer: dict[int, str] = {}     # buffer identity -> the category of the kernel that last wrote it
         self.tensors = sorted((t for t in census.tensors if not t.tied), key=lambda t: t.data_offset)
@@ -260,15 +260,15 @@ class Classifier:
         self.logits_bytes = {census.facts.vocabulary * n for n in (2, 4)}
         self.tied = census.tied_embeddings
 
-    def _tensor_at(self, buf) -> TensorEntry | None:
-        if (t := self.placed.get(id(buf.base))) is not None:
-            return t
+    def _tensors_at(self, buf) -> tuple[TensorEntry, ...]:
+        if (ts := self.placed.get(id(buf.base))) is not None:
+            return ts
         if buf._base is None or buf.base.nbytes != self.file_size:
-            return None
+            return ()
         i = bisect.bisect_right(self.offsets, buf.offset) - 1
         if i >= 0 and buf.offset < self.offsets[i] + self.tensors[i].bytes:
-            return self.tensors[i]
-        return None
+            return (self.tensors[i],)
+        return ()
 
     def classify(self, l: Launch) -> tuple[str, str | None, list[str]]:
         category, role, names = self._classify(l)
@@ -279,7 +279,7 @@ class Classifier:
     def _classify(self, l: Launch) -> tuple[str, str | None, list[str]]:
         if l.op == "copy":
             return "copy", None, []
-        read = [t for b in l.reads if (t := self._tensor_at(b)) is not None]
+        read = [t for b in l.reads for t in self._tensors_at(b)]
         names = sorted({t.name for t in read})
         if not l.reads:
             return "constant", None, []

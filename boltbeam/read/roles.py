@@ -66,6 +66,10 @@ REGIONS = {
 }
 REGION_OF_ROLE = {role: region for region, roles in REGIONS.items() for role in roles}
 
+# Roles whose tables one block multiplies by the same input (the block's normed hidden state): a
+# route may stack them into one product. Correctness never rests on this; only the saving does.
+SHARED_INPUT = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("shared_gate", "shared_up"))
+
 
 def read_kind(role: str | None) -> str:
     """How a decode token reads a tensor of this role; an unclassified tensor counts as read whole."""

@@ -27,9 +27,11 @@ from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.read.roles import SHARED_INPUT
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
 FORMS = ("expanded", "factored")        # the family's `factored` parameter: 0, 1
+STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
 FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
 
 
@@ -47,15 +49,29 @@ class Setting:
     """One setting of the repacked-layout family."""
     scale_dtype: str = "float16"
     form: str = "expanded"
+    stack: str = "separate"
 
     def __post_init__(self):
         from boltbeam.search.space import families
         space = families()[FAMILY].parameters
         dtypes = [d for d, b in SCALE_BYTES.items() if b in space["scale_bytes"]]
         forms = [f for i, f in enumerate(FORMS) if i in space["factored"]]
-        if self.scale_dtype not in dtypes or self.form not in forms:
-            raise BadInput(f"layout setting {self.scale_dtype}:{self.form}: scale_dtype must be one of {', '.join(dtypes)}, "
-                           f"form one of {', '.join(forms)} (spaces.toml, family {FAMILY})")
+        stacks = [s for i, s in enumerate(STACKS) if i in space["stacked"]]
+        if self.scale_dtype not in dtypes or self.form not in forms or self.stack not in stacks:
+            raise BadInput(f"layout setting {self.flag}: scale_dtype must be one of {', '.join(dtypes)}, form one of "
+                           f"{', '.join(forms)}, stack one of {', '.join(stacks)} (spaces.toml, family {FAMILY})")
+
+    @property
+    def flag(self) -> str:
+        """SCALES:FORM, with :stacked when the stack is on (profile --layout)."""
+        return f"{self.scale_dtype}:{self.form}" + ("" if self.stack == STACKS[0] else f":{self.stack}")
+
+    @classmethod
+    def parse(cls, flag: str) -> "Setting":
+        parts = flag.split(":")
+        if len(parts) not in (2, 3):
+            raise BadInput(f"--layout {flag!r}: expected SCALES:FORM[:stacked], e.g. float16:expanded")
+        return cls(*parts)
 
 
 def values_of(fmt: str) -> Values | None:
@@ -233,13 +249,45 @@ def _reordered(planes: Planes, ref, most_rows: int = 16384) -> Planes | None:
 
 
 class LayoutLinear:
-    """Stands in for a model's linear layer: the same product, read from the planes."""
-    def __init__(self, planes: Planes, bias, form: str):
-        self.planes, self.bias, self.form = planes, bias, form
+    """Stands in for a model's linear layer: the same product, read from the planes, or, for a layer
+    stacked with others, its rows of the stack's product. Each layer of a stack builds the same lazy
+    product for the same input, and tinygrad keeps one copy of identical graphs, so a block
+    multiplies its input by the whole stack once (a layer given another input gets its own product)."""
+    def __init__(self, planes: Planes, bias, form: str, rows: slice | None = None):
+        self.planes, self.bias, self.form, self.rows = planes, bias, form, rows
 
     def __call__(self, x):
         y = self.planes.gemv(x, self.form)
+        if self.rows is not None:
+            y = y.contiguous()[..., self.rows]
         return y if self.bias is None else y + self.bias
+
+
+def stacks(entries: list) -> list[list]:
+    """Census entries in groups a block multiplies by one input (roles.SHARED_INPUT) that share a
+    format and a row length, in census order; every other entry alone."""
+    group_of = {role: i for i, g in enumerate(SHARED_INPUT) for role in g}
+    keyed: dict[Any, list] = {}
+    for t in entries:
+        key = (t.block, group_of[t.role], t.format, t.shape[0]) if t.role in group_of and t.block is not None else id(t)
+        keyed.setdefault(key, []).append(t)
+    return list(keyed.values())
+
+
+def stacked(parts: list[Planes]) -> Planes:
+    """Planes one above another: one matrix holding each part's rows in turn, realized."""
+    from tinygrad import Tensor
+    cat = lambda ts: None if ts[0] is None else Tensor.cat(*ts, dim=0).contiguous()
+    first = parts[0]
+    out = Planes(sum(p.rows for p in parts), first.cols, first.bits, first.group,
+                 *(cat([getattr(p, f) for p in parts]) for f in ("low", "high", "scale", "offset")), zero=first.zero)
+    Tensor.realize(*out.tensors())
+    return out
+
+
+def _stack_key(p: Planes) -> tuple:
+    """Planes stack only with planes of the same shape of storage and the same zero point."""
+    return p.cols, p.bits, p.group, p.high is None, p.offset is None, p.zero, p.scale.dtype
 
 
 def _module(net, path: str):
@@ -252,12 +300,28 @@ def _module(net, path: str):
     return parent, part, obj
 
 
+@dataclass
+class _Built:
+    entry: Any          # the census's TensorEntry
+    parent: Any
+    attr: str
+    bias: Any
+    planes: Planes
+
+    def swap(self, layer) -> None:
+        if isinstance(self.parent, list):
+            self.parent[int(self.attr)] = layer
+        else:
+            setattr(self.parent, self.attr, layer)
+
+
 def install(net, census, model_path: str, setting: Setting) -> Prepared:
     """Repack every linear layer whose format the family takes, on the model's device, and swap it in.
 
     Each repacked matrix is checked against the weight the default route would use (tinygrad's
     decode, rounded to fp16); where the loader reordered a projection's rows, the planes' rows follow.
-    A layer that matches in no row order keeps the default route and is named in the notes."""
+    A layer that matches in no row order keeps the default route and is named in the notes. With the
+    stack on, the checked planes of layers a block multiplies by one input are stacked into one matrix."""
     import pathlib
     import time
 
@@ -265,9 +329,9 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
 
     t0 = time.perf_counter()
     blob = Tensor(pathlib.Path(model_path))
-    placed: dict[int, Any] = {}
     notes: list[str] = []
-    done = eligible = nbytes = 0
+    built: list[_Built] = []
+    eligible = 0
     for t in census.tensors:
         if len(t.shape) != 2 or values_of(t.format) is None:
             continue
@@ -285,16 +349,27 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
         if not _matches(planes, ref) and (planes := _reordered(planes, ref)) is None:
             notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
             continue
-        if isinstance(parent, list):
-            parent[int(attr)] = LayoutLinear(planes, linear.bias, setting.form)
-        else:
-            setattr(parent, attr, LayoutLinear(planes, linear.bias, setting.form))
-        for p in planes.tensors():
-            placed[id(p.uop.base.buffer.base)] = t
-        done += 1
-        nbytes += planes.nbytes
+        built.append(_Built(t, parent, attr, linear.bias, planes))
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")
-    return Prepared(LAYOUT_LABEL, asdict(setting), applied=done,
+    of_entry = {id(b.entry): b for b in built}
+    groups = stacks([b.entry for b in built]) if setting.stack == "stacked" else [[b.entry] for b in built]
+    placed: dict[int, tuple] = {}
+    nbytes = 0
+    for group in groups:
+        by_key: dict[tuple, list[_Built]] = {}
+        for e in group:
+            by_key.setdefault(_stack_key(of_entry[id(e)].planes), []).append(of_entry[id(e)])
+        for parts in by_key.values():
+            planes = stacked([b.planes for b in parts]) if len(parts) > 1 else parts[0].planes
+            start = 0
+            for b in parts:
+                rows = slice(start, start + b.planes.rows) if len(parts) > 1 else None
+                b.swap(LayoutLinear(planes, b.bias, setting.form, rows))
+                start, b.planes = start + b.planes.rows, planes     # the separate planes can go
+            for p in planes.tensors():
+                placed[id(p.uop.base.buffer.base)] = tuple(b.entry for b in parts)
+            nbytes += planes.nbytes
+    return Prepared(LAYOUT_LABEL, asdict(setting), applied=len(built),
                     eligible=eligible, bytes=nbytes, seconds=time.perf_counter() - t0, placed=placed, notes=notes)
