@@ -297,6 +297,26 @@ def test_unpacking_names_the_layout_only_where_blocks_are_decoded_in_place(tiny_
     assert line(account(planes, tiny_bound, H200), "ffn_down").cause == "unexplained"
 
 
+def test_roles_a_stacked_product_reads_together_share_one_line(tiny_bound):
+    """One kernel reads gate and up (a stacked product): one line holds both roles' time against both
+    floors, with no "no kernel" line for the one it did not take its role from."""
+    names = lambda role: sorted(t.name for t in tiny_bound.tensors if t.role == role)
+    both = tiny_bound.role("ffn_gate").bytes + tiny_bound.role("ffn_up").bytes
+    floor = tiny_bound.role("ffn_gate").floor_us + tiny_bound.role("ffn_up").floor_us
+    ks = token([kernel(floor + 30.0, "ffn_gate", bytes=both, tensors=names("ffn_gate") + names("ffn_up") + names("ffn_norm"),
+                       global_size=[4096], local_size=[256]), kernel(floor, "ffn_down", bytes=10)])
+    acc = account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200)
+    stacked = line(acc, "ffn_gate+ffn_up")
+    assert stacked.floor_us == pytest.approx(floor) and stacked.us == pytest.approx(30.0) and stacked.kernels == 1
+    assert "bytes" not in stacked.causes        # it moved exactly the two floors' bytes
+    assert not any(x.label in ("ffn_gate", "ffn_up") for x in acc.lines)
+    assert line(acc, "ffn_norm").cause == "no kernel"     # a norm a product reads stays a line of its own
+    # Read apart, each role keeps its own line.
+    apart = token([kernel(10.0, "ffn_gate", tensors=names("ffn_gate")), kernel(10.0, "ffn_up", tensors=names("ffn_up"))])
+    acc = account(make_trace([apart], [span(apart)], [span(apart)]), tiny_bound, H200)
+    assert line(acc, "ffn_gate").measured_us == line(acc, "ffn_up").measured_us == pytest.approx(10.0)
+
+
 def test_extra_bytes_are_a_cause(tiny_bound):
     floor_bytes = tiny_bound.role("ffn_down").bytes
     ks = token([kernel(50.0, "ffn_down", bytes=2 * floor_bytes, global_size=[4096], local_size=[256])])

@@ -47,6 +47,7 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace, timeline
+from boltbeam.read.roles import read_kind
 from boltbeam.units import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
@@ -263,12 +264,12 @@ def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us
     return _Cause("starving", sentence, min(gap_us, max(0.0, least_us - floor_us)))
 
 
-def _unpacking(role: str, bound: Bound, measured_us: float, floor_bytes: int, planes: bool,
+def _unpacking(roles: tuple[str, ...], bound: Bound, measured_us: float, floor_bytes: int, planes: bool,
                load_bytes: int) -> _Cause | None:
-    """GGML blocks decoded in place by the role's own kernels, where the repacked-layout family could
+    """GGML blocks decoded in place by the roles' own kernels, where the repacked-layout family could
     read them as planes: the block records' facts (gguf's sizes) and the draw the kernels reached."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    formats_here = sorted({t.format for t in bound.tensors if t.role == role and t.format})
+    formats_here = sorted({t.format for t in bound.tensors if t.role in roles and t.format})
     takes = [f for f in formats_here if "repacked-layout" in formats().get(f, {}).get("routes", [])]
     if planes or not takes or not measured_us:
         return None
@@ -367,9 +368,39 @@ def _token_sums(kernels: list[Kernel]) -> dict[str, float]:
     return d
 
 
+def stacked_roles(trace: Trace, bound: Bound) -> list[tuple[str, ...]]:
+    """The weight roles in the bound's order, in groups: roles whose tables one kernel reads together
+    (a stacked product: gate and up in one matrix) share a line, since no kernel times them apart."""
+    table_roles = [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS and read_kind(r.role) == "table"]
+    role_of_name = {t.name: t.role for t in bound.tensors if t.name and t.role in table_roles}
+    group = {r: {r} for r in table_roles}
+    for k in trace.kernels:
+        read = {role_of_name[n] for n in k.tensors if n in role_of_name} if k.category == "weights" else set()
+        if len(read) > 1:
+            merged = set().union(*(group[r] for r in read))
+            for r in merged:
+                group[r] = merged
+    out: list[tuple[str, ...]] = []
+    for r in [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS]:
+        members = tuple(x for x in table_roles if x in group[r]) if r in group else (r,)
+        if members not in out:
+            out.append(members)
+    return out
+
+
+def _merged(lines: list[BoundLine]) -> BoundLine:
+    """One bound line for roles a stacked product reads together."""
+    if len(lines) == 1:
+        return lines[0]
+    return BoundLine("+".join(line.role for line in lines), sum(line.bytes for line in lines),
+                     sum(line.flops for line in lines), lines[0].unit, sum(line.floor_memory_us for line in lines),
+                     sum(line.floor_compute_us for line in lines), sum(line.count for line in lines))
+
+
 def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, target: Target, load_bytes: int,
                 notes: list[str]) -> list[Line]:
-    """Each weight role's time above its floor, with its causes; biggest gap first."""
+    """Each weight role's time above its floor (roles a stacked product reads together on one line),
+    with its causes; biggest gap first."""
     bandwidth = bound.bandwidth_bytes_per_s
     by_role = {r.role: r for r in bound.roles}
     planes = LAYOUT_LABEL in str(trace.route.get("label", ""))     # the weights were read as planes
@@ -381,15 +412,17 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
     if unknown:
         notes.append(f"role(s) {', '.join(unknown)} are not in the model's census: counted with no floor")
     roles: list[Line] = []
-    for role in [r.role for r in bound.roles if r.role not in NON_WEIGHT_FLOORS] + unknown:
-        key = f"role:{role}"
-        measured = _mean_of(per_token, key)
-        bl = by_role.get(role)
+    for members in stacked_roles(trace, bound) + [(u,) for u in unknown]:
+        role = "+".join(members)
+        keys = [f"role:{r}" for r in members]
+        measured = sum(_mean_of(per_token, key) for key in keys)
+        bl = _merged([by_role[r] for r in members]) if all(r in by_role for r in members) else None
         role_floor = bl.floor_us if bl else 0.0
         gap = measured - role_floor
-        n = round(_mean_of(per_token, f"n:{key}"))
+        n = round(sum(_mean_of(per_token, f"n:{key}") for key in keys))
+        kernels = [k for r in members for k in kernels_of_role[r]]
         head = f"{role}: {n} kernel(s), {_us(measured)} against a floor of {_us(role_floor)}"
-        if not kernels_of_role[role]:
+        if not kernels:
             roles.append(Line(role, "role", gap, "no kernel",
                               f"{role}: no kernel carries this role (fused into another, or unnamed in the trace): "
                               f"its floor of {_us(role_floor)} is taken back out here",
@@ -404,10 +437,10 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
                               f"the trace's role labels or the target's bandwidth are wrong",
                               role=role, measured_us=measured, floor_us=role_floor, kernels=n))
             continue
-        bytes_known = all(k.bytes is not None for k in kernels_of_role[role])
-        moved = _mean_of(per_token, f"bytes:{key}") if bytes_known else None
-        causes, unjudged = _causes(bl, kernels_of_role[role], moved, gap, target, bandwidth, load_bytes)
-        if unpacking := _unpacking(role, bound, measured, bl.bytes, planes, load_bytes):
+        bytes_known = all(k.bytes is not None for k in kernels)
+        moved = sum(_mean_of(per_token, f"bytes:{key}") for key in keys) if bytes_known else None
+        causes, unjudged = _causes(bl, kernels, moved, gap, target, bandwidth, load_bytes)
+        if unpacking := _unpacking(members, bound, measured, bl.bytes, planes, load_bytes):
             causes.append(unpacking)    # explains no measured share of the gap: listed last, primary only alone
         if causes:
             sentences = [c.sentence for c in causes]
