@@ -5,6 +5,7 @@
 #   bash bench/h200/stacked.sh search     search --family repacked_layout --beam 2 --budget ${BUDGET:-1}
 #                                         against bench/h200/stacked/beam2.json -> $OUT/search/
 #   bash bench/h200/stacked.sh split      the chosen route with split attention (chunks of ${CHUNK:-16})
+#   bash bench/h200/stacked.sh separate   the same layout unstacked (float16:expanded), BEAM=2
 set -u
 export DEV=CUDA CACHEDB=/tmp/tinygrad_cache.db
 [ -e .cache/tinygrad.db ] && [ ! -e "$CACHEDB" ] && cp .cache/tinygrad.db "$CACHEDB"
@@ -22,6 +23,9 @@ case $1 in
     timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 8 \
       --route bench/h200/stacked/search/route.json --split-attention "${CHUNK:-16}" \
       --out "$OUT/split${CHUNK:-16}.json" --json > "$OUT/split.summary.json" 2> "$OUT/split.log" ;;
+  separate)
+    timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 8 --beam 2 \
+      --layout float16:expanded --out "$OUT/separate.json" --json > "$OUT/separate.summary.json" 2> "$OUT/separate.log" ;;
 esac
 echo "$1: rc=$? wall=$(( $(date +%s) - start )) s" | tee "$OUT/$1.rc"
 tail -3 "$OUT"/*.log
