@@ -266,7 +266,8 @@ def test_one_switch_turns_every_generated_family_off(monkeypatch):
     (3, 3, 64, 512, 32),     # the shape that sent tinygrad's code generator into endless recursion before
     (8, 4, 128, 512, 128),
 ])
-def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, total, chunk):
+@pytest.mark.parametrize("staged", [False, True])
+def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, total, chunk, staged):
     """One query position over a cache whose length is a JIT variable: by chunks, then combined."""
     from tinygrad import Tensor, TinyJit, UOp
     from boltbeam.route.attention import split_sdpa
@@ -275,13 +276,38 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
 
     @TinyJit
     def split(q, p):
-        return split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], chunk, total).realize()
+        return split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], chunk, total, staged).realize()
 
     for p in (0, chunk - 1, chunk, total // 2 + 3, total - 1):   # first chunk, its edges, a partial chunk, all
         q = Tensor.randn(1, kv_heads * group, 1, head_dim).realize()
         got = split(q, pos.bind(p)).numpy()
         want = q.scaled_dot_product_attention(cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], enable_gqa=True).numpy()
         assert np.abs(got - want).max() < 1e-5, p
+
+
+def test_staged_split_attention_keeps_the_chunks_an_output_axis():
+    """Unstaged, the weighted values fuse into the combine, one reduction over every position; staged,
+    no kernel reduces over both the chunks and the positions in a chunk."""
+    from tinygrad import Tensor, UOp
+    from tinygrad.uop.ops import AxisType, Ops
+    from boltbeam.route.attention import split_sdpa
+    cache = Tensor.randn(2, 1, 2, 128, 16).realize()
+    p = UOp.variable("start_pos", 0, 127).bind(70)
+
+    def kernels(staged: bool) -> list[list[int]]:
+        """Each kernel's reduction lengths (a variable one as 0)."""
+        q = Tensor.randn(1, 4, 1, 16).realize()
+        out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], 16, 128, staged)
+        reduces = []
+        for call in out.linear_with_vars()[0].src:
+            ranges = [u for u in call.src[0].toposort() if u.op is Ops.RANGE and u.arg[-1] is AxisType.REDUCE]
+            reduces.append(sorted(int(r.src[0].arg) if r.src[0].op is Ops.CONST else 0 for r in ranges))
+        return reduces
+
+    fused, staged = kernels(False), kernels(True)
+    assert len(staged) == len(fused) + 2
+    over_all = lambda ks: [r for r in ks if 0 in r and 16 in r]     # the chunk count (variable) and a chunk's 16
+    assert over_all(fused) and not over_all(staged)
 
 
 def test_stacked_planes_give_each_layer_its_own_product():
@@ -326,13 +352,16 @@ def test_search_refuses_a_baseline_of_another_route(tiny_model, tmp_path, capsys
 
 def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     default = profile(tiny_model, tmp_path / "default.json", "--context", "20", "--tokens", "2")
-    split = profile(tiny_model, tmp_path / "split.json", "--context", "20", "--tokens", "2", "--split-attention", "16")
+    split = profile(tiny_model, tmp_path / "split.json", "--context", "20", "--tokens", "2", "--split-attention", "16:staged")
     fam = split.route["settings"]["families"]["split-attention"]
     assert split.route["label"] == "split-attention + tinygrad-scheduler"
-    assert fam["chunk"] == 16 and fam["applied"] == fam["eligible"] == take_census(tiny_model).facts.blocks
+    assert fam["chunk"] == 16 and fam["staged"] is True
+    assert fam["applied"] == fam["eligible"] == take_census(tiny_model).facts.blocks
     assert split.output_tokens == default.output_tokens
     reads_kv = lambda t: sorted(k.name for k in t.kernels_of_token(0) if k.category == "attention")
     assert reads_kv(split) and reads_kv(split) != reads_kv(default)   # other kernels read the cache now
     out = tmp_path / "bad.json"       # a chunk the family does not list: one line before any loading
     assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--split-attention", "48"]) == 2
     assert "one of 16, 32, 64, 128, 256" in capsys.readouterr().err and not out.exists()
+    assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--split-attention", "16:fused"]) == 2
+    assert "CHUNK[:staged]" in capsys.readouterr().err and not out.exists()

@@ -59,8 +59,9 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
-    p.add_argument("--split-attention", type=int, metavar="CHUNK", help="decode attention split over the sequence "
-                   "in chunks of CHUNK positions, each read by its own groups, then combined")
+    p.add_argument("--split-attention", metavar="CHUNK[:staged]", help="decode attention split over the sequence "
+                   "in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes each "
+                   "chunk's partial results to buffers of their own before the combine")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -76,7 +77,7 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool, split_attention: int | None = None) -> list:
+def families_of(layout, constants_once: bool, split_attention: str | None = None) -> list:
     """The generated route families to build on the loaded model, in order; none when switched off."""
     from boltbeam.measure.route import env_off
     from boltbeam.route import attention, constants, layout as layouts
@@ -90,10 +91,10 @@ def families_of(layout, constants_once: bool, split_attention: int | None = None
     if constants_once:
         families.append(constants.install)
     if split_attention is not None:
-        attention.check_chunk(split_attention)   # before minutes of loading
+        setting = attention.Split.parse(split_attention)   # before minutes of loading
 
         def split(net, census, path):
-            return attention.install(net, census, path, split_attention)
+            return attention.install(net, census, path, setting)
         families.append(split)
     return families
 

@@ -9,6 +9,12 @@ position so far are read (their count is the variable now, an axis of the output
 reduction); each chunk gives its own maximum, sum of exponentials and weighted values, and a combine
 over the chunks rescales them to one softmax, as a split-K flash-decoding kernel does.
 
+`staged` is the family's second knob. Unstaged, tinygrad may fuse each chunk's weighted values and
+sum into the combine, whose reduction then runs over every position in few groups again (on the
+H200 one such kernel took 34 µs of a layer's ~48). Staged, the chunks' maxima, sums and weighted
+values are written to buffers of their own first, so the weighted values keep the chunk as an
+output axis, and the combine reduces over the chunks alone: two kernels more a layer.
+
 It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
 query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
 not by the block's class or the model.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
@@ -26,9 +33,33 @@ FAMILY = SPLIT_ATTENTION_LABEL
 SPACE = "split_attention"           # its knob's values: data/spaces.toml
 
 
-def split_sdpa(q, k, v, chunk: int, total: int):
+@dataclass(frozen=True)
+class Split:
+    """One setting of the family: positions a chunk, and whether the chunks' partials are staged."""
+    chunk: int
+    staged: bool = False
+
+    @property
+    def flag(self) -> str:
+        return f"{self.chunk}:staged" if self.staged else str(self.chunk)
+
+    @classmethod
+    def parse(cls, flag: str) -> "Split":
+        """CHUNK or CHUNK:staged, each value one the family lists (spaces.toml)."""
+        from boltbeam.search.space import families
+        space = families()[SPACE].parameters
+        chunk, _, staged = flag.partition(":")
+        if not chunk.isdigit() or int(chunk) not in space["chunk"] or staged not in ("", "staged") or (
+                staged and 1 not in space["staged"]):
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged], positions per chunk one of "
+                           f"{', '.join(map(str, space['chunk']))} (spaces.toml, family {SPACE})")
+        return cls(int(chunk), staged == "staged")
+
+
+def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False):
     """Attention of q (B, H, 1, Hd) over k, v (B, KvH, L, Hd), L <= total (variable), grouped query heads
-    sharing each key head, by chunks of `chunk` positions of a sequence padded to `total`."""
+    sharing each key head, by chunks of `chunk` positions of a sequence padded to `total`; `staged`
+    writes each chunk's maximum, sum and weighted values to their own buffers before the combine."""
     from tinygrad import Tensor
     B, H, _, Hd = q.shape
     KvH, L = k.shape[1], k.shape[2]
@@ -43,17 +74,19 @@ def split_sdpa(q, k, v, chunk: int, total: int):
     s = (q.float().reshape(B, KvH, G, 1, 1, Hd) * kc.float()).sum(-1) * (1.0 / Hd ** 0.5)   # scores in float32
     s = s.reshape(B, H, s.shape[3], chunk)                                   # (B, H, n, chunk)
     s = (Tensor.arange(total, device=q.device).reshape(C, chunk)[0:n] < L).where(s, float("-inf"))
-    m = s.max(-1)                                                            # each chunk's maximum
+    stage = (lambda t: t.contiguous()) if staged else (lambda t: t)
+    m = stage(s.max(-1))                                                     # each chunk's maximum
     p = (s - m.unsqueeze(-1)).exp()
     vh = vc.float().expand(B, KvH, G, vc.shape[3], chunk, Hd).reshape(B, H, vc.shape[3], chunk, Hd)
-    o = (p.unsqueeze(-1) * vh).sum(-2)                                       # (B, H, n, Hd)
+    o = stage((p.unsqueeze(-1) * vh).sum(-2))                                # (B, H, n, Hd)
+    total_p = stage(p.sum(-1))                                               # (B, H, n)
     w = (m - m.max(-1, keepdim=True)).exp()                                  # the combine: one softmax over all chunks
-    out = (o * w.unsqueeze(-1)).sum(-2) / (p.sum(-1) * w).sum(-1).unsqueeze(-1)
+    out = (o * w.unsqueeze(-1)).sum(-2) / (total_p * w).sum(-1).unsqueeze(-1)
     return out.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
 @contextlib.contextmanager
-def _split_decode_attention(chunk: int, total: int, taken):
+def _split_decode_attention(split: Split, total: int, taken):
     """Within the block's attention: a decode step's attention (one query, no mask) goes by chunks;
     `taken()` is called each time it does."""
     from tinygrad import Tensor
@@ -62,7 +95,7 @@ def _split_decode_attention(chunk: int, total: int, taken):
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
         if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0:
             taken()
-            return split_sdpa(q, k, v, chunk, total)
+            return split_sdpa(q, k, v, split.chunk, total, split.staged)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 
     Tensor.scaled_dot_product_attention = sdpa
@@ -72,21 +105,11 @@ def _split_decode_attention(chunk: int, total: int, taken):
         Tensor.scaled_dot_product_attention = original
 
 
-def check_chunk(chunk: int) -> int:
-    from boltbeam.search.space import families
-    chunks = families()[SPACE].parameters["chunk"]
-    if chunk not in chunks:
-        raise BadInput(f"--split-attention {chunk}: positions per chunk must be one of {', '.join(map(str, chunks))} "
-                       f"(spaces.toml, family {SPACE})")
-    return chunk
-
-
-def install(net, census, model_path: str, chunk: int) -> Prepared:
-    """Wrap every block's attention so its decode steps split over the sequence (`chunk` positions a chunk)."""
-    check_chunk(chunk)
+def install(net, census, model_path: str, setting: Split) -> Prepared:
+    """Wrap every block's attention so its decode steps split over the sequence as `setting` says."""
     t0 = time.perf_counter()
-    prepared = Prepared(FAMILY, {"chunk": chunk})
-    total = -(-net.max_context // chunk) * chunk                    # the cache's positions, whole chunks
+    prepared = Prepared(FAMILY, {"chunk": setting.chunk, "staged": setting.staged})
+    total = -(-net.max_context // setting.chunk) * setting.chunk     # the cache's positions, whole chunks
     split_blocks: set[int] = set()
     for i, block in enumerate(getattr(net, "blk", [])):
         attention = getattr(block, "_attention", None)
@@ -99,7 +122,7 @@ def install(net, census, model_path: str, chunk: int) -> Prepared:
             prepared.applied = len(split_blocks)
 
         def split(x, start_pos, attention=attention, taken=taken):
-            with _split_decode_attention(chunk, total, taken):
+            with _split_decode_attention(setting, total, taken):
                 return attention(x, start_pos)
         block._attention = split
     if not prepared.eligible:
