@@ -127,7 +127,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
-                       prepare=families_of(layout, constants, args.split_attention), progress=tick)
+                       prepare=families_of(layout, constants, args.split_attention or (route and route[1].split_attention)),
+                       progress=tick)
 
 
 @contextlib.contextmanager

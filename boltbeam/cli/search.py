@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
-from boltbeam.route.layout import FAMILY as LAYOUT_FAMILY   # its settings are judged whole, not timed per kernel
+WHOLE_TOKEN = ("repacked_layout", "split_attention")   # families whose settings are judged whole (route/choose.py)
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared
@@ -32,10 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
     p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search "
-                   f"(tinygrad_opts: per kernel; {LAYOUT_FAMILY}: the generated layout, each setting judged on the "
-                   "whole token)")
+                   f"(tinygrad_opts: per kernel; {' and '.join(WHOLE_TOKEN)}: generated families, each setting judged "
+                   "on the whole token)")
     p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8); "
-                   f"with --family {LAYOUT_FAMILY}, settings judged whole at most, FutureSight's best first")
+                   "with a whole-token family, settings judged at most, FutureSight's best first")
     p.add_argument("--seconds-per-kernel", type=float, default=30.0, metavar="S",
                    help="no new setting is timed for a kernel after S seconds of its own (default 30)")
     p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
@@ -46,10 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--constants-once", action="store_true", help="search the token with its constants computed once; "
                    "the route file carries it")
     p.add_argument("--no-judge", action="store_true", help="write the route without profiling the whole token")
-    p.add_argument("--beam", type=int, default=0, metavar="N", help=f"with --family {LAYOUT_FAMILY}: every whole "
-                   "token, the baseline's too, runs with tinygrad's BEAM search of width N (the route file keeps N)")
-    p.add_argument("--baseline", metavar="TRACE.json", help=f"with --family {LAYOUT_FAMILY}: judge against this "
-                   "profile of the default route (same model, device, context and --beam) instead of profiling it")
+    p.add_argument("--beam", type=int, default=0, metavar="N", help="with a whole-token family: every whole token, "
+                   "the baseline's too, runs with tinygrad's BEAM search of width N (the route file keeps N)")
+    p.add_argument("--on", metavar="ROUTE.json", help="with a whole-token family: add its settings to this route "
+                   "(its other families), judged against the route as it is; the new route keeps both")
+    p.add_argument("--baseline", metavar="TRACE.json", help="with a whole-token family: judge against this profile "
+                   "of the route the settings go on (same model, device, context and --beam) instead of profiling it")
     fan = p.add_mutually_exclusive_group()
     fan.add_argument("--workers", type=int, metavar="N", help="time on a local Dask cluster of N worker processes, "
                      "one device each (on CUDA, worker i sees GPU i); planning and the ledger stay here")
@@ -98,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
                        "--context >= 0 and --workers >= 1")
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
-    if args.family == LAYOUT_FAMILY:
-        return _choose_layout(model, target, args)
-    if args.beam or args.baseline:
-        raise BadInput(f"--beam and --baseline judge whole tokens: they go with --family {LAYOUT_FAMILY}")
+    if args.family in WHOLE_TOKEN:
+        return _choose_whole(model, target, args)
+    if args.beam or args.baseline or args.on:
+        raise BadInput(f"--beam, --on and --baseline judge whole tokens: they go with --family {' or '.join(WHOLE_TOKEN)}")
     fam = searchable(args.family)
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
@@ -158,46 +160,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choose_layout(model: str, target, args: argparse.Namespace) -> int:
-    """The repacked-layout family: each of its settings judged on the whole token (route/choose.py)."""
+def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
+    """A family judged on the whole token: each of its settings, FutureSight's best first (route/choose.py)."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
-    from boltbeam.route.choose import baseline_of, choose, route_of
+    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
+    family = FAMILIES[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
     if args.workers or args.scheduler:
-        raise BadInput(f"--family {LAYOUT_FAMILY} judges whole tokens in this process: drop --workers and --scheduler")
+        raise BadInput(f"--family {family.name} judges whole tokens in this process: drop --workers and --scheduler")
     if args.layout or args.constants_once or args.no_judge:
-        raise BadInput(f"--family {LAYOUT_FAMILY} judges each layout setting itself: drop --layout, "
-                       "--constants-once and --no-judge")
+        raise BadInput(f"--family {family.name} judges each of its settings itself: drop --layout, "
+                       "--constants-once and --no-judge (a route with them goes in --on)")
     census = take_census(model)
     sha = sha256_file(model)
+    on = None
+    if args.on:
+        on = args.on, routes.load(args.on)
+        routes.check_applies(on[1], sha, routes.engine(), args.on)
+        check_on(family, *on)
     baseline = None
     if args.baseline:
-        baseline = args.baseline, baseline_of(args.baseline, sha, args.device, args.context, args.beam)
+        baseline = args.baseline, baseline_of(args.baseline, sha, args.device, args.context, args.beam, on and on[1])
     with Ledger(args.ledger) as ledger:
         out = writable_dir(args.out)
         with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
                       console=report.console(), transient=True) as bar:
-            task = bar.add_task("judging the layout's settings", total=None)
-            choice = choose(model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
+            task = bar.add_task(f"judging {family.name}'s settings", total=None)
+            choice = choose(family, model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
                             lambda what: bar.update(task, description=escape(what)), beam=args.beam,
-                            budget=args.budget, baseline=baseline)
-    route = route_of(choice, sha, args.device, target.name, args.beam)
-    if route:
+                            budget=args.budget, baseline=baseline, on=on)
+    route = None
+    if choice.chosen:
+        route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, args.beam)
         routes.save(route, out / "route.json")
-    summary = {**choice.to_dict(), "beam": args.beam, "baseline": args.baseline or str(out / "baseline.json"),
-               "route": str(out / "route.json") if route else None}
+    summary = {**choice.to_dict(), "beam": args.beam, "on": args.on,
+               "baseline": args.baseline or str(out / "baseline.json"), "route": str(out / "route.json") if route else None}
     write_json(out / "search.json", summary)
     if args.json:
         report.print_json(summary)
     else:
         con = report.console()
-        con.print(report.table(f"layout settings in FutureSight's order (default route: {choice.baseline_median_us:,.1f} µs)",
+        con.print(report.table(f"{family.name} settings in FutureSight's order (without them: "
+                               f"{choice.baseline_median_us:,.1f} µs)",
                                ["setting", "predicted µs", "median µs", "verdict", "why"],
                                [[c.flag, f"{c.predicted_us:,.1f}", f"{c.median_us:,.1f}" if c.median_us else "",
                                  c.verdict or "skipped", c.skipped or "; ".join(c.reasons)] for c in choice.candidates],
@@ -218,8 +228,7 @@ def _judge(args: argparse.Namespace, out: Path, say, ledger, route, profiles):
                            (str(out / "candidate.json"), [*flags, str(out / "route.json")])]):
         raise Refused(f"profiling the whole token failed: {failed}")
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
-    families = [f for f, on in ((routes.LAYOUT_LABEL, route.layout), (routes.CONSTANTS_LABEL, route.constants_once)) if on]
-    j = judge(base, cand, Checks(expected_route=routes.routed_label(families, "boltbeam-search"),
+    j = judge(base, cand, Checks(expected_route=routes.routed_label(route.families(), "boltbeam-search"),
                                  candidate_id=f"route {out / 'route.json'}"))
     ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],

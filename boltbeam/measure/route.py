@@ -55,6 +55,12 @@ class Route:
     layout: dict[str, str] | None = None   # the generated layout built at load (route/layout.py's Setting), if any
     constants_once: bool = False           # realize tensors that read nothing once (route/constants.py)
     beam: int = 0                          # tinygrad's BEAM width the route was judged with (the search runs again at load)
+    split_attention: str | None = None     # decode attention by chunks, CHUNK[:staged] (route/attention.py), if any
+
+    def families(self) -> list[str]:
+        """The generated families a run of this route builds, in the order its trace's label names them."""
+        return [label for label, on in ((LAYOUT_LABEL, self.layout), (CONSTANTS_LABEL, self.constants_once),
+                                        (SPLIT_ATTENTION_LABEL, self.split_attention)) if on]
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -90,7 +96,8 @@ def load(path: str) -> Route:
                           measured_us=float(c["measured_us"]), default_us=float(c["default_us"]),
                           predicted_us=c.get("predicted_us")) for c in d["choices"]]
         route = Route(d["model_sha256"], str(d["engine"]), str(d["device"]), str(d["target"]), str(d["family"]),
-                      str(d["provenance"]), choices, d.get("layout"), d.get("constants_once", False), d.get("beam", 0))
+                      str(d["provenance"]), choices, d.get("layout"), d.get("constants_once", False), d.get("beam", 0),
+                      d.get("split_attention"))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{where}: malformed ({type(e).__name__}: {e})") from None
     if route.layout is not None and not (isinstance(route.layout, dict) and
@@ -100,6 +107,8 @@ def load(path: str) -> Route:
         raise BadInput(f"{where}: constants_once must be true or false")
     if not isinstance(route.beam, int) or isinstance(route.beam, bool) or route.beam < 0:
         raise BadInput(f"{where}: beam must be a whole number, 0 or more")
+    if route.split_attention is not None and not isinstance(route.split_attention, str):
+        raise BadInput(f"{where}: split_attention must be CHUNK[:staged] or null")
     sha = route.model_sha256
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
         raise BadInput(f"{where}: model_sha256 must be 64 hex digits or null")

@@ -22,6 +22,7 @@ not by the block's class or the model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 
@@ -83,6 +84,19 @@ def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False):
     w = (m - m.max(-1, keepdim=True)).exp()                                  # the combine: one softmax over all chunks
     out = (o * w.unsqueeze(-1)).sum(-2) / (total_p * w).sum(-1).unsqueeze(-1)
     return out.reshape(B, H, 1, Hd).cast(q.dtype)
+
+
+@functools.cache
+def kernels_per_block(split: Split) -> int:
+    """Kernels the compiler schedules for one block's decode attention in this setting: its scheduler
+    asked on the CPU about a small cache, nothing run."""
+    from tinygrad import Tensor, UOp
+    total = 8 * split.chunk
+    cache = Tensor.empty(2, 1, 2, total, 16, device="CPU")
+    p = UOp.variable("start_pos", 0, total - 1).bind(3 * split.chunk)
+    q = Tensor.empty(1, 4, 1, 16, device="CPU")
+    out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged)
+    return len(out.linear_with_vars()[0].src)
 
 
 @contextlib.contextmanager

@@ -1,18 +1,21 @@
-"""The search for a generated-layout family: which setting of the repacked layout should a model run?
+"""The search for a family judged on the whole token (the repacked layout, split attention): which of
+its settings should a model run?
 
-BubbleBeam's part: the family's settings from data/spaces.toml (it has no rule in chip facts, so every
-setting is legal). FutureSight's part: each setting's bytes per token (values, scales and offsets of
-every layer the layout takes, plus a factored gemv's partial sums written and read back) over the
-target's bandwidth, plus the products it launches times the target's measured cost a kernel (stacked
-layers launch one product for several), which orders them; the budget keeps the best predicted.
-BoltBeam's part: each kept setting runs the whole token in a fresh process, on tinygrad's heuristics
-or with its BEAM search as the baseline did, the judge holds it against the baseline route (greedy
-tokens, the intended route, faster beyond noise), and every verdict, refuted ones included, goes in
-the ledger with its reason; a setting the ledger refuted in the same scope is not run again until its
-reopen condition holds.
+BubbleBeam's part: the family's settings from data/spaces.toml (no rule in chip facts, so every
+setting is legal). FutureSight's part: each setting's bytes per token over the target's bandwidth,
+plus the kernels it launches times the target's measured cost a kernel, which orders them; the
+budget keeps the best predicted. The layout reads the values, scales and offsets of every layer it
+takes (a factored gemv's partial sums besides; stacked layers launch one product for several); split
+attention reads the cache in whole chunks, in the kernels the compiler schedules for it (asked on
+the CPU, nothing run). BoltBeam's part: each kept setting runs the whole token in a fresh process,
+on a route (`on`) or on tinygrad's own, with its heuristics or its BEAM search as the baseline ran,
+the judge holds it against the baseline (greedy tokens, the intended route, faster beyond noise),
+and every verdict, refuted ones included, goes in the ledger with its reason; a setting the ledger
+refuted in the same scope is not run again until its reopen condition holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from statistics import median
 from dataclasses import asdict, dataclass, field
@@ -23,24 +26,39 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
-from boltbeam.measure.route import LAYOUT_LABEL, Route, engine, routed_label
+from boltbeam.measure.route import LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine, routed_label
 from boltbeam.measure.tinygrad_run import profile_elsewhere
+from boltbeam.route import attention
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Setting, stacks, values_of
 from boltbeam.search.space import families
 
 PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
 PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
+KV_BYTES = 2          # a cached key or value element, as the bound counts it (float16)
+
+
+@dataclass(frozen=True)
+class WholeToken:
+    """A generated family whose settings are judged on the whole token: what the search needs of it."""
+    name: str                                   # its table in spaces.toml
+    label: str                                  # what it adds to a trace's route label
+    route_key: str                              # the Route field that keeps a setting
+    settings: Callable[[], list]                # BubbleBeam: every setting
+    predicted: Callable[[Any, Any, int], tuple[int, int]]   # FutureSight: (census, setting, context) -> bytes, kernels
+    flag: Callable[[Any], list[str]]            # the profile flags that build a setting
+    stored: Callable[[Any], Any]                # a setting as the route file keeps it
 
 
 @dataclass
 class Candidate:
-    setting: Setting
+    setting: Any
     predicted_bytes: int
+    predicted_kernels: int
     predicted_us: float
     verdict: str | None = None
     reasons: list[str] = field(default_factory=list)
     median_us: float | None = None
-    skipped: str | None = None     # why the ledger kept it from running
+    skipped: str | None = None     # why it did not run: the ledger or the budget
 
     @property
     def flag(self) -> str:
@@ -48,23 +66,29 @@ class Candidate:
 
 
 @dataclass
-class LayoutChoice:
+class Choice:
+    family: str
     baseline_median_us: float
     candidates: list[Candidate]
     chosen: Candidate | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": FAMILY, "baseline_median_us": self.baseline_median_us,
+        return {"family": self.family, "baseline_median_us": self.baseline_median_us,
                 "chosen": self.chosen.flag if self.chosen else None,
                 "candidates": [{**asdict(c), "setting": c.flag} for c in self.candidates]}
 
 
 def settings() -> list[Setting]:
-    """Every setting the family declares (BubbleBeam: no rule in chip facts rejects any)."""
+    """Every setting the layout family declares (BubbleBeam: no rule in chip facts rejects any)."""
     space = families()[FAMILY].parameters
     by_bytes = {b: d for d, b in SCALE_BYTES.items()}
     return [Setting(by_bytes[b], FORMS[f], STACKS[st])
             for b, f, st in itertools.product(space["scale_bytes"], space["factored"], space["stacked"])]
+
+
+def split_settings() -> list[attention.Split]:
+    space = families()[attention.SPACE].parameters
+    return [attention.Split(c, bool(st)) for c, st in itertools.product(space["chunk"], space["staged"])]
 
 
 def _taken(t) -> bool:
@@ -97,51 +121,90 @@ def predicted_products(census, setting: Setting) -> int:
     return products * (2 if setting.form == "factored" else 1)
 
 
-def predicted_us(census, setting: Setting, target: Target) -> float:
-    per_kernel_s = target.fact(PER_KERNEL_FACT) or 0.0
-    return (predicted_bytes(census, setting) / target.bandwidth + predicted_products(census, setting) * per_kernel_s) * 1e6
+def split_prediction(census, split: attention.Split, context: int) -> tuple[int, int]:
+    """Cache bytes a decode token at `context` reads by whole chunks, and its attention kernels."""
+    f = census.facts
+    positions = -(-(context + 1) // split.chunk) * split.chunk
+    return f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES, \
+        f.blocks * attention.kernels_per_block(split)
 
 
-def baseline_of(path: str, sha: str, device: str, context: int, beam: int):
-    """A baseline trace profiled earlier: the default route of this model and device at this depth and
-    BEAM width, or one clear line on what differs."""
+LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings,
+                    lambda census, s, context: (predicted_bytes(census, s), predicted_products(census, s)),
+                    lambda s: ["--layout", s.flag], asdict)
+SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention", split_settings, split_prediction,
+                   lambda s: ["--split-attention", s.flag], lambda s: s.flag)
+WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT)}
+
+
+def predicted_us(nbytes: int, kernels: int, target: Target) -> float:
+    return (nbytes / target.bandwidth + kernels * (target.fact(PER_KERNEL_FACT) or 0.0)) * 1e6
+
+
+def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,
+                 beam: int) -> Route:
+    """The route that runs `on` (or tinygrad's own) with the family at this setting, at BEAM width `beam`."""
+    if on is None:
+        on = Route(sha, engine(), device, target, family.name, "generated by search", [])
+    return dataclasses.replace(on, beam=beam, **{family.route_key: family.stored(setting)})
+
+
+def rest_of(on: Route | None, beam: int) -> str:
+    """The end of a trace's route label: a route file's, or tinygrad's own scheduler or BEAM."""
+    return "boltbeam-search" if on else f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"
+
+
+def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: Route | None = None):
+    """A baseline trace profiled earlier: this model and device at this depth and BEAM width, on the
+    route `on` (or tinygrad's own), or one clear line on what differs."""
     base = tracefile.load(path)
     route, env, work = base.route, base.environment, base.workload
+    label = routed_label(on.families() if on else [], rest_of(on, beam))
     problems = [what for what, bad in (
         ("another model", env.get("model_sha256") not in (None, sha)),
         (f"device {env.get('device')}", env.get("device") != device),
         (f"context {work.get('context')}", work.get("context") != context),
         (f"BEAM width {route.get('settings', {}).get('beam', 0)}", route.get("settings", {}).get("beam", 0) != beam),
-        (f"route {route.get('label')!r}", route.get("label") != (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler")),
+        (f"route {route.get('label')!r}", route.get("label") != label),
     ) if bad]
     if problems:
-        raise BadInput(f"baseline {path}: ran {', '.join(problems)}; the search needs the default route of this model "
+        raise BadInput(f"baseline {path}: ran {', '.join(problems)}; the search needs route {label!r} of this model "
                        f"on {device} at context {context}" + (f" with --beam {beam}" if beam else ""))
     return base
 
 
-def choose(model: str, census, device: str, context: int, tokens: int, target: Target, ledger, sha: str,
-           out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
-           baseline: tuple[str, Any] | None = None) -> LayoutChoice:
-    """Judge the `budget` best predicted settings on the whole token against the default route (with
-    BEAM width `beam` on both sides; profiled here unless `baseline` is (path, trace) of it, from
-    baseline_of); the fastest promoted one wins."""
-    flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam)]
+def check_on(family: WholeToken, path: str, on: Route) -> None:
+    """A route the family's settings can go on: one that does not set the family already."""
+    if getattr(on, family.route_key):
+        raise BadInput(f"route {path} already sets {family.route_key}: search {family.name} on a route without it")
+
+
+def choose(family: WholeToken, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
+           sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
+           baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None) -> Choice:
+    """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
+    (path, route, passed by check_on) or to tinygrad's own, against that route without them (BEAM width `beam` on both
+    sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
+    promoted one wins."""
+    path_on, route_on = on if on else ("none", None)
+    flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
     if baseline is None:
-        say("the whole token on the default route")
+        say("the whole token without the family")
         path = str(out / "baseline.json")
-        if failed := profile_elsewhere(model, device, path, *flags, "--route", "none"):
-            raise Refused(f"profiling the default route failed: {failed}")
-        baseline = path, tracefile.load(path)
-    baseline, base = baseline
-    candidates = sorted((Candidate(s, predicted_bytes(census, s), predicted_us(census, s, target)) for s in settings()),
-                        key=lambda c: c.predicted_us)
-    scope = {"device": device, "target": target.name, "engine": engine(), "family": FAMILY, "model_sha256": sha,
-             "beam": beam}
-    rest = f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"
+        if failed := profile_elsewhere(model, device, path, *flags):
+            raise Refused(f"profiling the baseline failed: {failed}")
+        baseline = path, baseline_of(path, sha, device, context, beam, route_on)
+    baseline_path, base = baseline
+    candidates = []
+    for s in family.settings():
+        nbytes, kernels = family.predicted(census, s, context)
+        candidates.append(Candidate(s, nbytes, kernels, predicted_us(nbytes, kernels, target)))
+    candidates.sort(key=lambda c: c.predicted_us)
+    scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
+             "beam": beam, "context": context, "on": routed_label(route_on.families() if route_on else [], rest_of(route_on, beam))}
     tried = 0
     for c in candidates:
-        candidate_id = f"{FAMILY} {c.flag}"
+        candidate_id = f"{family.name} {c.flag}"
         skip, why = ledger.should_skip(candidate_id, {**scope, "setting": c.flag})
         if skip:
             c.skipped = why
@@ -150,28 +213,19 @@ def choose(model: str, census, device: str, context: int, tokens: int, target: T
             c.skipped = f"beyond the budget: FutureSight kept the {budget} best predicted setting(s)"
             continue
         tried += 1
-        say(f"the whole token on the layout {c.flag}")
-        path = out / f"layout_{c.flag.replace(':', '_')}.json"
-        if failed := profile_elsewhere(model, device, str(path), *flags, "--route", "none", "--layout", c.flag):
-            raise Refused(f"profiling the layout {c.flag} failed: {failed}")
+        say(f"the whole token with {family.name} {c.flag}")
+        path = out / f"{family.name}_{c.flag.replace(':', '_')}.json"
+        if failed := profile_elsewhere(model, device, str(path), *flags, *family.flag(c.setting)):
+            raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
         trace = tracefile.load(str(path))
-        j = judge(base, trace, Checks(expected_route=routed_label([LAYOUT_LABEL], rest), candidate_id=candidate_id,
-                                      reopen=f"engine!={engine()}"))
+        expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
+        j = judge(base, trace, Checks(expected_route=routed_label(expected.families(), rest_of(route_on, beam)),
+                                      candidate_id=candidate_id, reopen=f"engine!={engine()}"))
         c.verdict, c.reasons = j.verdict, j.reasons
         c.median_us = median(trace.token_wall_us)
         ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={**j.scope, **scope,
-                      "setting": c.flag, "predicted_us": c.predicted_us}, evidence=[baseline, str(path)],
+                      "setting": c.flag, "predicted_us": c.predicted_us}, evidence=[baseline_path, str(path)],
                       reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
-    return LayoutChoice(median(base.token_wall_us), candidates, chosen)
-
-
-def route_of(choice: LayoutChoice, sha: str, device: str, target: str, beam: int = 0) -> Route | None:
-    """The route file for the chosen setting: the layout, no per-kernel opts (tinygrad's heuristics, or
-    its BEAM search at the width the setting was judged with)."""
-    if choice.chosen is None:
-        return None
-    return Route(sha, engine(), device, target, FAMILY, "generated by search", [], layout=asdict(choice.chosen.setting),
-                 beam=beam)
-
+    return Choice(family.name, median(base.token_wall_us), candidates, chosen)
