@@ -43,7 +43,7 @@ def test_every_format_the_models_use_has_the_family():
         assert "repacked-layout" in formats()[fmt]["routes"]
     from boltbeam.search.space import families
     fam = families()[layout.FAMILY]        # its knobs live in spaces.toml, beside the searched families
-    assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "factored", "stacked"}
+    assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "form", "stacked"}
 
 
 @pytest.mark.parametrize("fmt", layout.formats_with_layout())
@@ -135,7 +135,7 @@ def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
     routed = profile(tiny_model, tmp_path / "layout.json", "--context", "4", "--tokens", "2", "--layout", "float32:expanded")
     once = profile(tiny_model, tmp_path / "once.json", "--context", "4", "--tokens", "2", "--constants-once")
     stacked = profile(tiny_model, tmp_path / "stacked.json", "--context", "4", "--tokens", "2",
-                      "--layout", "float32:expanded:stacked")
+                      "--layout", "float32:kernel:stacked")     # the generated kernel, on stacked planes
     lay = routed.route["settings"]["families"]["generated-layout"]
     assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
     assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
@@ -152,7 +152,10 @@ def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
     for b in range(census.facts.blocks):
         assert any({f"blk.{b}.ffn_gate.weight", f"blk.{b}.ffn_up.weight"} <= p for p in products(stacked))
         assert any({f"blk.{b}.attn_q.weight", f"blk.{b}.attn_k.weight"} <= p for p in products(stacked))
-    assert stacked.route["settings"]["families"]["generated-layout"]["stack"] == "stacked"
+    assert {k: stacked.route["settings"]["families"]["generated-layout"][k] for k in ("form", "stack")} == \
+        {"form": "kernel", "stack": "stacked"}
+    assert all(k.name.startswith("gemv_planes") for k in stacked.kernels_of_token(0)
+               if k.category == "weights" and k.role != "token_embd")
     # The default route recomputes the rotary table every token: kernels that read no buffer. The
     # account names that cause with the bytes; constants-once leaves no such kernel.
     made = [k for k in default.kernels_of_token(0) if k.category == "constant"]
@@ -199,12 +202,15 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     from boltbeam.route import choose
     census = take_census(tiny_model)
     flags = [s.flag for s in choose.settings()]
-    assert sorted(flags) == sorted(f"{d}:{f}{st}" for d in ("float16", "float32") for f in ("expanded", "factored")
+    assert sorted(flags) == sorted(f"{d}:{f}{st}" for d in ("float16", "float32") for f in ("expanded", "factored", "kernel")
                                    for st in ("", ":stacked"))
     assert [layout.Setting.parse(f).flag for f in flags] == flags
     b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, choose.settings())}
     assert b["float16:expanded"] < b["float32:expanded"] < b["float32:factored"]
     assert b["float16:expanded"] < b["float16:factored"] and b["float16:expanded"] == b["float16:expanded:stacked"]
+    assert b["float16:kernel"] == b["float16:expanded"]      # the generated kernel writes no partial sums
+    assert choose.predicted_products(census, layout.Setting("float16", "kernel")) == \
+        choose.predicted_products(census, layout.Setting("float16", "expanded"))
     # Stacking reads the same bytes in fewer products: each block's stacks (query and key of one format;
     # gate and up) launch one kernel each; a target's measured cost a kernel then orders them.
     separate, stacked = (choose.predicted_products(census, layout.Setting("float16", "expanded", st))
@@ -251,7 +257,7 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
                      "--ledger", str(ledger), "--out", str(out), "--budget", "3", "--json"]))
     summary = json.loads(done.stdout)
     cands = summary["candidates"]
-    assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 8
+    assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 12
     by_ledger = [c for c in cands if c["skipped"] and "two kernels a product" in c["skipped"]]
     assert [c["setting"] for c in by_ledger] == ["float32:factored"]
     # The budget: FutureSight's three best predicted settings the ledger does not hold are judged, no more.

@@ -54,7 +54,8 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--route", metavar="ROUTE.json", help="run the kernels a search's route names with its settings "
                                                          "(`none`, or BOLTBEAM_ROUTE=none, turns it off)")
     p.add_argument("--layout", metavar="SCALES:FORM[:stacked]", help="repack the quantized linear layers at load into "
-                   "the generated layout (scales float16 or float32; gemv form expanded or factored; stacked: the layers "
+                   "the generated layout (scales float16 or float32; gemv form expanded, factored, or kernel: the factored product "
+                   "as one kernel generated at tinygrad's UOp level; stacked: the layers "
                    "a block multiplies by one input in one matrix), e.g. float16:expanded:stacked; overrides a route's "
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "

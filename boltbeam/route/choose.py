@@ -83,7 +83,7 @@ def settings() -> list[Setting]:
     space = families()[FAMILY].parameters
     by_bytes = {b: d for d, b in SCALE_BYTES.items()}
     return [Setting(by_bytes[b], FORMS[f], STACKS[st])
-            for b, f, st in itertools.product(space["scale_bytes"], space["factored"], space["stacked"])]
+            for b, f, st in itertools.product(space["scale_bytes"], space["form"], space["stacked"])]
 
 
 def split_settings() -> list[attention.Split]:

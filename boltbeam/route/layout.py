@@ -13,12 +13,15 @@ group's offset, read at the group's first element) and with every value set to o
 scale); each value is then round((weight - offset) / scale). A format tinygrad decodes and
 formats.toml describes gets the layout; a wrong group size shows up as a mismatch at load.
 
-`Setting` is the family's knobs: the scales' data type and the gemv's form ("expanded" decodes each
-weight and multiplies; "factored" sums value x activation per group, then scales the group once).
+`Setting` is the family's knobs: the scales' data type, the gemv's form and the stack. "expanded"
+decodes each weight and multiplies; "factored" sums value x activation per group, then scales the
+group once (tensor code: tinygrad makes two kernels of it); "kernel" is the factored product as one
+kernel written at tinygrad's UOp level from the planes' description (bits, group, zero point), both
+reductions nested in it, its opts left to tinygrad's heuristics or BEAM like any other kernel.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,7 @@ from boltbeam.measure.tinygrad_run import Prepared
 from boltbeam.read.roles import SHARED_INPUT
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
-FORMS = ("expanded", "factored")        # the family's `factored` parameter: 0, 1
+FORMS = ("expanded", "factored", "kernel")   # the family's `form` parameter: 0, 1, 2
 STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
 FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
 
@@ -55,7 +58,7 @@ class Setting:
         from boltbeam.search.space import families
         space = families()[FAMILY].parameters
         dtypes = [d for d, b in SCALE_BYTES.items() if b in space["scale_bytes"]]
-        forms = [f for i, f in enumerate(FORMS) if i in space["factored"]]
+        forms = [f for i, f in enumerate(FORMS) if i in space["form"]]
         stacks = [s for i, s in enumerate(STACKS) if i in space["stacked"]]
         if self.scale_dtype not in dtypes or self.form not in forms or self.stack not in stacks:
             raise BadInput(f"layout setting {self.flag}: scale_dtype must be one of {', '.join(dtypes)}, form one of "
@@ -106,6 +109,9 @@ class Planes:
     scale: Any           # (rows, cols/group)
     offset: Any | None   # (rows, cols/group), or None: every offset is -zero x scale
     zero: int = 0
+    # The generated kernel's last (input, product): the layers of a stack ask for the same product,
+    # and a custom kernel's fresh output buffer keeps tinygrad from merging the identical requests.
+    memo: Any = field(default=None, repr=False, compare=False)
 
     def tensors(self) -> list:
         return [t for t in (self.low, self.high, self.scale, self.offset) if t is not None]
@@ -141,6 +147,13 @@ class Planes:
         from tinygrad import dtypes
         if form == "expanded":
             return x.matmul(self.weights().T)
+        if form == "kernel":
+            if not all(isinstance(d, int) for d in x.shape):     # a prefill of variable length: tensor code
+                return x.matmul(self.weights().T)
+            flat = x.reshape(-1, self.cols)
+            if self.memo is None or self.memo[0] is not flat.uop:
+                self.memo = flat.uop, self.kernel_product(flat)
+            return self.memo[1].reshape(*x.shape[:-1], self.rows)
         g = self.cols // self.group
         xg = x.reshape(*x.shape[:-1], 1, g, self.group)                       # (..., 1, G, group)
         inner = (self._grouped(self.values()) * xg).sum(-1)                  # (..., rows, G)
@@ -152,6 +165,45 @@ class Planes:
             y = y + (xsum * self.offset.cast(dtypes.float32)).sum(-1)
         return y
 
+    def kernel_product(self, x):
+        """x (n, cols) -> (n, rows) float32: the factored product as one kernel written at tinygrad's UOp
+        level from the planes' description (bits, group, zero point): each group's values times the
+        input summed, then scaled once, and the input's sum per group times the offset (or the zero
+        point), both reductions nested in one kernel whose opts tinygrad's heuristics or BEAM choose."""
+        from tinygrad import Tensor, UOp, dtypes
+        from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+        n, groups, high_width = x.shape[0], self.cols // self.group, self.bits - 4
+
+        def value(low, high, r, c):
+            """The unsigned value at row r, column c, as the planes store it."""
+            if self.bits == 8:
+                return low[r, c].cast(dtypes.int)
+            v = (low[r, c // 2].cast(dtypes.int) >> ((c % 2) * 4)) & 15
+            if high is not None:
+                per = 8 // high_width
+                v = v | (((high[r, c // per].cast(dtypes.int) >> ((c % per) * high_width)) & ((1 << high_width) - 1)) << 4)
+            return v
+
+        def kernel(y, x, low, *rest):
+            high = rest[0] if self.high is not None else None
+            scale = rest[1 if self.high is not None else 0]
+            offset = rest[-1] if self.offset is not None else None
+            b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
+            g, i = UOp.range(groups, 2, AxisType.REDUCE), UOp.range(self.group, 3, AxisType.REDUCE)
+            c = g * self.group + i
+            xv = x[b, c]
+            inner = (value(low, high, r, c).cast(dtypes.float) * xv).reduce(i, arg=Ops.ADD)
+            s = scale[r, g].cast(dtypes.float)
+            term = inner * s
+            if offset is not None or self.zero:
+                xsum = xv.reduce(i, arg=Ops.ADD)
+                term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
+            return y[b, r].store(term.reduce(g, arg=Ops.ADD)).end(b, r).sink(arg=KernelInfo(name=f"gemv_planes_{self.bits}"))
+
+        y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
+        ins = [x.float(), self.low, *([self.high] if self.high is not None else []), self.scale,
+               *([self.offset] if self.offset is not None else [])]
+        return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
 
 def _unpack(packed, width: int):
     """The inverse of _pack: (..., n) bytes -> (..., n, 8/width) values, the lowest bits first."""
