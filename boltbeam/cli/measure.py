@@ -78,7 +78,7 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool, split_attention: str | None = None) -> list:
+def families_of(layout, constants_once: bool, split_attention=None) -> list:
     """The generated route families to build on the loaded model, in order; none when switched off."""
     from boltbeam.measure.route import env_off
     from boltbeam.route import attention, constants, layout as layouts
@@ -92,10 +92,8 @@ def families_of(layout, constants_once: bool, split_attention: str | None = None
     if constants_once:
         families.append(constants.install)
     if split_attention is not None:
-        setting = attention.Split.parse(split_attention)   # before minutes of loading
-
         def split(net, census, path):
-            return attention.install(net, census, path, setting)
+            return attention.install(net, census, path, split_attention)
         families.append(split)
     return families
 
@@ -116,6 +114,18 @@ def layout_of(flag: str | None, from_route: dict[str, str] | None):
     return Setting(**from_route)
 
 
+def split_of(flag: str | None, from_route: dict[str, Any] | None):
+    """The split-attention setting to build, from --split-attention or the route file; None when off."""
+    from boltbeam.route.attention import Split
+    if flag is not None:
+        return Split.parse(flag)
+    if from_route is None:
+        return None
+    if set(from_route) != {"chunk", "staged"}:
+        raise BadInput(f"route split_attention {from_route}: expected the keys chunk and staged")
+    return Split(**from_route)
+
+
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     # tinygrad reads its device from the environment when first imported.
@@ -123,13 +133,13 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     route = _route_of(args, model)
     layout = layout_of(args.layout, route[1].layout if route else None)
     constants = args.constants_once or bool(route and route[1].constants_once)
+    split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
     from boltbeam.measure.tinygrad_run import profile
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
-                       prepare=families_of(layout, constants, args.split_attention or (route and route[1].split_attention)),
-                       progress=tick)
+                       prepare=families_of(layout, constants, split), progress=tick)
 
 
 @contextlib.contextmanager

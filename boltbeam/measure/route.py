@@ -55,7 +55,7 @@ class Route:
     layout: dict[str, str] | None = None   # the generated layout built at load (route/layout.py's Setting), if any
     constants_once: bool = False           # realize tensors that read nothing once (route/constants.py)
     beam: int = 0                          # tinygrad's BEAM width the route was judged with (the search runs again at load)
-    split_attention: str | None = None     # decode attention by chunks, CHUNK[:staged] (route/attention.py), if any
+    split_attention: dict[str, Any] | None = None   # decode attention by chunks (route/attention.py's Split), if any
 
     def families(self) -> list[str]:
         """The generated families a run of this route builds, in the order its trace's label names them."""
@@ -107,8 +107,8 @@ def load(path: str) -> Route:
         raise BadInput(f"{where}: constants_once must be true or false")
     if not isinstance(route.beam, int) or isinstance(route.beam, bool) or route.beam < 0:
         raise BadInput(f"{where}: beam must be a whole number, 0 or more")
-    if route.split_attention is not None and not isinstance(route.split_attention, str):
-        raise BadInput(f"{where}: split_attention must be CHUNK[:staged] or null")
+    if route.split_attention is not None and not isinstance(route.split_attention, dict):
+        raise BadInput(f"{where}: split_attention must be a table (chunk, staged) or null")
     sha = route.model_sha256
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
         raise BadInput(f"{where}: model_sha256 must be 64 hex digits or null")

@@ -40,20 +40,24 @@ class Split:
     chunk: int
     staged: bool = False
 
+    def __post_init__(self):
+        from boltbeam.search.space import families
+        space = families()[SPACE].parameters
+        if not (isinstance(self.chunk, int) and self.chunk in space["chunk"] and isinstance(self.staged, bool)
+                and int(self.staged) in space["staged"]):
+            raise BadInput(f"split attention {self.chunk!r}, staged {self.staged!r}: positions per chunk must be one of "
+                           f"{', '.join(map(str, space['chunk']))}, staged true or false (spaces.toml, family {SPACE})")
+
     @property
     def flag(self) -> str:
         return f"{self.chunk}:staged" if self.staged else str(self.chunk)
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK or CHUNK:staged, each value one the family lists (spaces.toml)."""
-        from boltbeam.search.space import families
-        space = families()[SPACE].parameters
+        """CHUNK or CHUNK:staged (profile --split-attention)."""
         chunk, _, staged = flag.partition(":")
-        if not chunk.isdigit() or int(chunk) not in space["chunk"] or staged not in ("", "staged") or (
-                staged and 1 not in space["staged"]):
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged], positions per chunk one of "
-                           f"{', '.join(map(str, space['chunk']))} (spaces.toml, family {SPACE})")
+        if not chunk.isdigit() or staged not in ("", "staged"):
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged], e.g. 32 or 32:staged")
         return cls(int(chunk), staged == "staged")
 
 

@@ -45,7 +45,7 @@ class WholeToken:
     route_key: str                              # the Route field that keeps a setting
     settings: Callable[[], list]                # BubbleBeam: every setting
     predicted: Callable[[Any, Any, int], tuple[int, int]]   # FutureSight: (census, setting, context) -> bytes, kernels
-    flag: Callable[[Any], list[str]]            # the profile flags that build a setting
+    flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
 
 
@@ -133,7 +133,7 @@ LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings,
                     lambda census, s, context: (predicted_bytes(census, s), predicted_products(census, s)),
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention", split_settings, split_prediction,
-                   lambda s: ["--split-attention", s.flag], lambda s: s.flag)
+                   lambda s: ["--split-attention", s.flag], asdict)
 WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT)}
 
 
@@ -215,7 +215,7 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         tried += 1
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{c.flag.replace(':', '_')}.json"
-        if failed := profile_elsewhere(model, device, str(path), *flags, *family.flag(c.setting)):
+        if failed := profile_elsewhere(model, device, str(path), *flags, *family.flags(c.setting)):
             raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
         trace = tracefile.load(str(path))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
