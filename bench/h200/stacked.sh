@@ -6,6 +6,8 @@
 #                                         against bench/h200/stacked/beam2.json -> $OUT/search/
 #   bash bench/h200/stacked.sh split      the chosen route with split attention (chunks of ${CHUNK:-16})
 #   bash bench/h200/stacked.sh separate   the same layout unstacked (float16:expanded), BEAM=2
+#   bash bench/h200/stacked.sh splits     search --family split_attention --on the chosen route, BEAM=2,
+#                                         --budget ${BUDGET:-1}, against a profile of that route made first
 set -u
 export DEV=CUDA CACHEDB=/tmp/tinygrad_cache.db
 [ -e .cache/tinygrad.db ] && [ ! -e "$CACHEDB" ] && cp .cache/tinygrad.db "$CACHEDB"
@@ -23,6 +25,10 @@ case $1 in
     timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 8 \
       --route bench/h200/stacked/search/route.json --split-attention "${CHUNK:-16}" \
       --out "$OUT/split${CHUNK:-16}.json" --json > "$OUT/split.summary.json" 2> "$OUT/split.log" ;;
+  splits)
+    timeout "${LIMIT:-500}" python3 -m boltbeam search /tmp/m.gguf --device CUDA --target h200 --context 512 \
+      --tokens 8 --family split_attention --on bench/h200/stacked/search/route.json --beam 2 --budget "${BUDGET:-1}" \
+      --ledger "$OUT/ledger.sqlite" --out "$OUT/splits" --json > "$OUT/splits.json" 2> "$OUT/splits.log" ;;
   separate)
     timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context 512 --tokens 8 --beam 2 \
       --layout float16:expanded --out "$OUT/separate.json" --json > "$OUT/separate.summary.json" 2> "$OUT/separate.log" ;;
