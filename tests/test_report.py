@@ -97,6 +97,16 @@ def test_chart_numbers(tiny_model, tiny_bound):
     deep = bound(take_census(tiny_model), H200L, context=64, batch=1)
     kv = next(r for r in charts.roofline(deep, acc, H200L)[1] if r["role"] == "kv_cache")
     assert kv["measured_us"] == next(x for x in acc.lines if x.label == "attention").measured_us
+    # Roles a stacked product reads together are one point, at their summed bytes over their one time.
+    trace = closing_trace(tiny_bound)
+    both = [t.name for t in tiny_bound.tensors if t.role in ("ffn_gate", "ffn_up")]
+    trace.kernels = [dataclasses.replace(k, tensors=both) if k.role == "ffn_gate" else k for k in trace.kernels]
+    stacked = account(trace, tiny_bound, H200L)
+    rows = charts.roofline(tiny_bound, stacked, H200L)[1]
+    point = next(r for r in rows if r["role"] == "ffn_gate+ffn_up")
+    assert not {"ffn_gate", "ffn_up"} & {r["role"] for r in rows}
+    assert point["bytes"] == tiny_bound.role("ffn_gate").bytes + tiny_bound.role("ffn_up").bytes
+    assert point["measured_us"] == next(x for x in stacked.lines if x.label == "ffn_gate+ffn_up").measured_us
     kernels = closing_trace(tiny_bound).kernels_of_token(0)
     svg, rows = charts.gantt(kernels, [k.start_us for k in kernels])
     assert sum(r["kernels"] for r in rows) == len(kernels)

@@ -388,7 +388,7 @@ def stacked_roles(trace: Trace, bound: Bound) -> list[tuple[str, ...]]:
     return out
 
 
-def _merged(lines: list[BoundLine]) -> BoundLine:
+def merged_line(lines: list[BoundLine]) -> BoundLine:
     """One bound line for roles a stacked product reads together."""
     if len(lines) == 1:
         return lines[0]
@@ -416,7 +416,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
         role = "+".join(members)
         keys = [f"role:{r}" for r in members]
         measured = sum(_mean_of(per_token, key) for key in keys)
-        bl = _merged([by_role[r] for r in members]) if all(r in by_role for r in members) else None
+        bl = merged_line([by_role[r] for r in members]) if all(r in by_role for r in members) else None
         role_floor = bl.floor_us if bl else 0.0
         gap = measured - role_floor
         n = round(sum(_mean_of(per_token, f"n:{key}") for key in keys))

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from boltbeam.account.compare import REGIONS, Comparison, region_of
-from boltbeam.account.tieout import Account
+from boltbeam.account.tieout import Account, merged_line
 from boltbeam.bound.roofline import Bound
 from boltbeam.bound.targets import Target
 from boltbeam.measure.trace import Kernel
@@ -44,7 +44,11 @@ def roofline(bound: Bound, acc: Account | None, target: Target) -> tuple[str, Ro
     rows: Rows = []
     fig = Figure(figsize=(7.5, 4.6))
     ax = fig.subplots()
-    for line in bound.roles:
+    lines = list(bound.roles)
+    for stacked in (x.role.split("+") for x in (acc.lines if acc else []) if x.kind == "role" and "+" in (x.role or "")):
+        # roles one kernel reads together have one measured time: one point for them all
+        lines = [b for b in lines if b.role not in stacked] + [merged_line([b for b in lines if b.role in stacked])]
+    for line in lines:
         if not line.flops or not line.bytes:
             continue
         us = measured.get(line.role)
