@@ -398,6 +398,11 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
         assert route.layout == on.layout and attention.Split(**route.split_attention).flag == summary["chosen"]
+    # A route's BEAM width is the search's unless --beam says otherwise, as profile runs it: a baseline
+    # made without BEAM is then refused.
+    routes.save(dataclasses.replace(on, beam=2), tmp_path / "beam.json")
+    done = _run([*cmd, "--on", str(tmp_path / "beam.json"), "--baseline", str(out / "baseline.json"), "--out", str(tmp_path / "b")])
+    assert done.returncode == 2 and "BEAM width 0" in done.stderr and not (tmp_path / "b").exists()
     split = dataclasses.replace(on, split_attention={"chunk": 16, "staged": True})
     routes.save(split, tmp_path / "split.json")
     done = _run([*cmd, "--on", str(tmp_path / "split.json"), "--out", str(tmp_path / "again")])

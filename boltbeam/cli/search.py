@@ -184,22 +184,23 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
         on = args.on, routes.load(args.on)
         routes.check_applies(on[1], sha, routes.engine(), args.on)
         check_on(family, *on)
+    beam = args.beam or (on[1].beam if on else 0)     # as profile runs a route: its BEAM width unless --beam
     baseline = None
     if args.baseline:
-        baseline = args.baseline, baseline_of(args.baseline, sha, args.device, args.context, args.beam, on and on[1])
+        baseline = args.baseline, baseline_of(args.baseline, sha, args.device, args.context, beam, on and on[1])
     with Ledger(args.ledger) as ledger:
         out = writable_dir(args.out)
         with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
                       console=report.console(), transient=True) as bar:
             task = bar.add_task(f"judging {family.name}'s settings", total=None)
             choice = choose(family, model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
-                            lambda what: bar.update(task, description=escape(what)), beam=args.beam,
+                            lambda what: bar.update(task, description=escape(what)), beam=beam,
                             budget=args.budget, baseline=baseline, on=on)
     route = None
     if choice.chosen:
-        route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, args.beam)
+        route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, beam)
         routes.save(route, out / "route.json")
-    summary = {**choice.to_dict(), "beam": args.beam, "on": args.on,
+    summary = {**choice.to_dict(), "beam": beam, "on": args.on,
                "baseline": args.baseline or str(out / "baseline.json"), "route": str(out / "route.json") if route else None}
     write_json(out / "search.json", summary)
     if args.json:
