@@ -308,6 +308,7 @@ def test_roles_a_stacked_product_reads_together_share_one_line(tiny_bound):
     acc = account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200)
     stacked = line(acc, "ffn_gate+ffn_up")
     assert stacked.floor_us == pytest.approx(floor) and stacked.us == pytest.approx(30.0) and stacked.kernels == 1
+    assert stacked.stacked == ("ffn_gate", "ffn_up") and line(acc, "ffn_down").stacked == ()
     assert "bytes" not in stacked.causes        # it moved exactly the two floors' bytes
     assert not any(x.label in ("ffn_gate", "ffn_up") for x in acc.lines)
     assert line(acc, "ffn_norm").cause == "no kernel"     # a norm a product reads stays a line of its own

@@ -78,6 +78,7 @@ class Line:
     floor_us: float | None = None
     kernels: int | None = None              # kernels per token behind the line
     causes: list[str] = field(default_factory=list)   # every cause that applies, primary first
+    stacked: tuple[str, ...] = ()           # the roles one line holds when a stacked product reads them together
 
 
 @dataclass
@@ -413,7 +414,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
         notes.append(f"role(s) {', '.join(unknown)} are not in the model's census: counted with no floor")
     roles: list[Line] = []
     for members in stacked_roles(trace, bound) + [(u,) for u in unknown]:
-        role = "+".join(members)
+        role, stacked = "+".join(members), members if len(members) > 1 else ()
         keys = [f"role:{r}" for r in members]
         measured = sum(_mean_of(per_token, key) for key in keys)
         bl = merged_line([by_role[r] for r in members]) if all(r in by_role for r in members) else None
@@ -426,16 +427,16 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
             roles.append(Line(role, "role", gap, "no kernel",
                               f"{role}: no kernel carries this role (fused into another, or unnamed in the trace): "
                               f"its floor of {_us(role_floor)} is taken back out here",
-                              role=role, measured_us=measured, floor_us=role_floor, kernels=0))
+                              role=role, stacked=stacked, measured_us=measured, floor_us=role_floor, kernels=0))
             continue
         if bl is None:
             roles.append(Line(role, "role", gap, "no floor", f"{head}: the model's census has no such role",
-                              role=role, measured_us=measured, floor_us=0.0, kernels=n))
+                              role=role, stacked=stacked, measured_us=measured, floor_us=0.0, kernels=n))
             continue
         if gap < 0:
             roles.append(Line(role, "role", gap, "below floor", f"{head}: faster than physics allows; "
                               f"the trace's role labels or the target's bandwidth are wrong",
-                              role=role, measured_us=measured, floor_us=role_floor, kernels=n))
+                              role=role, stacked=stacked, measured_us=measured, floor_us=role_floor, kernels=n))
             continue
         bytes_known = all(k.bytes is not None for k in kernels)
         moved = sum(_mean_of(per_token, f"bytes:{key}") for key in keys) if bytes_known else None
@@ -450,7 +451,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
                          f"{achieved / bandwidth:.1%} of {_rate(bandwidth)}"]
         roles.append(Line(role, "role", gap, causes[0].name if causes else "unexplained",
                           "; ".join([f"{head}: {_us(gap)} above it", *sentences, *unjudged]),
-                          role=role, measured_us=measured, floor_us=role_floor, kernels=n,
+                          role=role, stacked=stacked, measured_us=measured, floor_us=role_floor, kernels=n,
                           causes=[c.name for c in causes] or ["unexplained"]))
     if "activations" in by_role:
         act = by_role["activations"]

@@ -45,7 +45,7 @@ def roofline(bound: Bound, acc: Account | None, target: Target) -> tuple[str, Ro
     fig = Figure(figsize=(7.5, 4.6))
     ax = fig.subplots()
     lines = list(bound.roles)
-    for stacked in (x.role.split("+") for x in (acc.lines if acc else []) if x.kind == "role" and "+" in (x.role or "")):
+    for stacked in (x.stacked for x in (acc.lines if acc else []) if x.stacked):
         # roles one kernel reads together have one measured time: one point for them all
         lines = [b for b in lines if b.role not in stacked] + [merged_line([b for b in lines if b.role in stacked])]
     for line in lines:

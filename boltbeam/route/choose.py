@@ -149,9 +149,11 @@ def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device
     return dataclasses.replace(on, beam=beam, **{family.route_key: family.stored(setting)})
 
 
-def rest_of(on: Route | None, beam: int) -> str:
-    """The end of a trace's route label: a route file's, or tinygrad's own scheduler or BEAM."""
-    return "boltbeam-search" if on else f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"
+def label_of(on: Route | None, beam: int, families: list[str] | None = None) -> str:
+    """The route label of a run on the route `on` (its families, unless `families` names others) or on
+    tinygrad's own scheduler or BEAM."""
+    rest = "boltbeam-search" if on else f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"
+    return routed_label(families if families is not None else on.families() if on else [], rest)
 
 
 def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: Route | None = None):
@@ -159,7 +161,7 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     route `on` (or tinygrad's own), or one clear line on what differs."""
     base = tracefile.load(path)
     route, env, work = base.route, base.environment, base.workload
-    label = routed_label(on.families() if on else [], rest_of(on, beam))
+    label = label_of(on, beam)
     problems = [what for what, bad in (
         ("another model", env.get("model_sha256") not in (None, sha)),
         (f"device {env.get('device')}", env.get("device") != device),
@@ -201,7 +203,7 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         candidates.append(Candidate(s, nbytes, kernels, predicted_us(nbytes, kernels, target)))
     candidates.sort(key=lambda c: c.predicted_us)
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
-             "beam": beam, "context": context, "on": routed_label(route_on.families() if route_on else [], rest_of(route_on, beam))}
+             "beam": beam, "context": context, "on": label_of(route_on, beam)}
     tried = 0
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
@@ -219,7 +221,7 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
             raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
         trace = tracefile.load(str(path))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j = judge(base, trace, Checks(expected_route=routed_label(expected.families(), rest_of(route_on, beam)),
+        j = judge(base, trace, Checks(expected_route=label_of(route_on, beam, expected.families()),
                                       candidate_id=candidate_id, reopen=f"engine!={engine()}"))
         c.verdict, c.reasons = j.verdict, j.reasons
         c.median_us = median(trace.token_wall_us)

@@ -145,11 +145,10 @@ class Planes:
     def gemv(self, x, form: str):
         """x (..., cols) float -> (..., rows): the weight's product, in the setting's form."""
         from tinygrad import dtypes
-        if form == "expanded":
+        variable = not all(isinstance(d, int) for d in x.shape)    # a prefill of variable length
+        if form == "expanded" or form == "kernel" and variable:      # (a custom kernel takes no variable shape)
             return x.matmul(self.weights().T)
         if form == "kernel":
-            if not all(isinstance(d, int) for d in x.shape):     # a prefill of variable length: tensor code
-                return x.matmul(self.weights().T)
             flat = x.reshape(-1, self.cols)
             if self.memo is None or self.memo[0] is not flat.uop:
                 self.memo = flat.uop, self.kernel_product(flat)
@@ -315,14 +314,15 @@ class LayoutLinear:
         return y if self.bias is None else y + self.bias
 
 
-def stacks(entries: list) -> list[list]:
-    """Census entries in groups a block multiplies by one input (roles.SHARED_INPUT) that share a
-    format and a row length, in census order; every other entry alone."""
+def stacks(items: list, entry=lambda item: item) -> list[list]:
+    """Items (census entries, or what `entry` finds one in) in groups a block multiplies by one input
+    (roles.SHARED_INPUT) that share a format and a row length, in order; every other item alone."""
     group_of = {role: i for i, g in enumerate(SHARED_INPUT) for role in g}
     keyed: dict[Any, list] = {}
-    for t in entries:
+    for item in items:
+        t = entry(item)
         key = (t.block, group_of[t.role], t.format, t.shape[0]) if t.role in group_of and t.block is not None else id(t)
-        keyed.setdefault(key, []).append(t)
+        keyed.setdefault(key, []).append(item)
     return list(keyed.values())
 
 
@@ -405,14 +405,13 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")
-    of_entry = {id(b.entry): b for b in built}
-    groups = stacks([b.entry for b in built]) if setting.stack == "stacked" else [[b.entry] for b in built]
+    groups = stacks(built, lambda b: b.entry) if setting.stack == "stacked" else [[b] for b in built]
     placed: dict[int, tuple] = {}
     nbytes = 0
     for group in groups:
         by_key: dict[tuple, list[_Built]] = {}
-        for e in group:
-            by_key.setdefault(_stack_key(of_entry[id(e)].planes), []).append(of_entry[id(e)])
+        for b in group:
+            by_key.setdefault(_stack_key(b.planes), []).append(b)
         for parts in by_key.values():
             planes = stacked([b.planes for b in parts]) if len(parts) > 1 else parts[0].planes
             start = 0
