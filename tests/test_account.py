@@ -13,6 +13,7 @@ from boltbeam.bound.roofline import Bound, bound
 from boltbeam.bound.targets import Fact, get_target
 from boltbeam.cli import main
 from boltbeam.files import sha256_file
+from boltbeam.measure.launch_cost import BRACKETED
 from boltbeam.measure.trace import Kernel, KernelPass, Trace, save
 from boltbeam.read.census import take_census
 
@@ -181,6 +182,32 @@ def test_launch_facts_hold_for_the_engine_they_were_measured_through(tiny_bound)
     assert any("measured through tinygrad" in n and "llama.cpp" in n for n in other.notes)
     anyone = account(make_trace([ks], [wall], [wall], engine="llama.cpp"), tiny_bound, H200L)   # no engine named
     assert any(x.kind == "launch" for x in anyone.lines)
+
+
+def test_the_timing_cost_measured_by_brackets_is_taken_out_once(tiny_bound):
+    """A timed token's kernels stretched by the timing: the brackets (CUDA events, plain and timed) measure
+    the stretch apart from the kernels, and the account takes it out only under launch facts measured the
+    same way; under facts that are net of it already, it stays out (a note), else it would count twice."""
+    tokens = [full_token(tiny_bound, t) for t in range(4)]
+    n = len(tokens[0])
+    stretch = [30.0, 34.0, 26.0, 30.0]                      # what the timing added, token by token
+    bracketed = dataclasses.replace(H200L, facts={
+        **H200L.facts, **{k: dataclasses.replace(H200L.facts[k], method=BRACKETED)
+                          for k in ("launch_sync_per_call", "launch_sync_per_kernel")}})
+    plain = span(tokens[0]) - 30.0 + PER_CALL_US + PER_KERNEL_US * n     # the kernels without the stretch
+    trace = make_trace(tokens, token_walls=[plain] * 4, pass_walls=[plain + 30.0] * 4)
+    trace.kernel_pass.plain_bracket_us = [1000.0] * 4
+    trace.kernel_pass.timed_bracket_us = [1000.0 + s for s in stretch]
+    assert trace.timing_cost_us() == stretch
+    acc = account(trace, tiny_bound, bracketed)
+    cost = line(acc, "timing's cost")
+    assert cost.kind == "timing" and cost.us == pytest.approx(-30.0)   # the mean over the kept pairs (26 and 34 dropped)
+    assert acc.closed and acc.residual_us == pytest.approx(0.0, abs=1e-9)
+    net = account(trace, tiny_bound, H200L)
+    assert not any(x.kind == "timing" for x in net.lines) and net.residual_us == pytest.approx(-30.0)
+    assert any("not taken out twice" in n for n in net.notes)
+    unbracketed = dataclasses.replace(trace, kernel_pass=dataclasses.replace(trace.kernel_pass, plain_bracket_us=None))
+    assert any("no CUDA events" in n for n in account(unbracketed, tiny_bound, bracketed).notes)
 
 
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):

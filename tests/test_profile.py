@@ -186,6 +186,10 @@ def test_launch_fit():
     scattered = LaunchSample(1, "hcq", 800, 1, [3000.0, 0.0, 3500.0, 500.0], [1000.0] * 4, None, None)
     per_call, per_kernel = fit([sample(40, 420.0), sample(400, 600.0), scattered])
     assert per_call == pytest.approx(400.0, abs=2.0) and per_kernel == pytest.approx(0.5, abs=0.01)
+    # Brackets measured what the timing added to each span: it comes back out before the line is drawn.
+    stretched = [LaunchSample(1, "cupti", k, 1, [1000.0 + o] * 3, [1000.0 + 0.3 * k] * 3, None, None,
+                              timing_cost_us=[0.3 * k] * 3) for k, o in ((40, 420.0), (400, 600.0), (800, 800.0))]
+    assert fit(stretched) == pytest.approx((400.0, 0.5))
 
 
 def test_audit_end_to_end_on_cpu(tiny_model, tmp_path):
@@ -222,3 +226,30 @@ def test_what_attention_alone_wrote_is_attention(tiny_model):
     assert c.classify(launch([scores], [probs]))[0] == "attention"          # reads only what attention wrote
     assert c.classify(launch([probs, x], [out]))[0] != "attention"          # also reads the residual stream
     assert c.classify(launch([out], [y]))[0] != "attention"                 # its input's last writer was not attention
+
+
+def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
+    """The recorder's CUDA-event brackets, with a stand-in for the events on CPU: opened once a token, at its
+    first kernel launch, re-closed after every launch (so the last launch closes it), read only when opened."""
+    from tinygrad import Tensor, TinyJit
+
+    from boltbeam.measure.tinygrad_run import Recorder
+    log = []
+
+    class Events:
+        def first(self): log.append("first")
+        def last(self): log.append("last")
+        def elapsed_us(self): return 42.0
+
+    rec = Recorder("CPU", "hcq", brackets=Events())
+    with rec.install():
+        x = Tensor.arange(64).float().contiguous().realize()
+        step = lambda a: (a - a.max()).exp().realize()    # a reduction, then a kernel that reads it: two launches
+        for _ in range(2):   # one by one, as a token outside any graph
+            rec.bracketing, log[:] = False, []
+            step(x)
+            assert log[0] == "first" and log.count("first") == 1 and log.count("last") >= 2
+            assert rec.bracket_us() == 42.0
+        rec.bracketing, log[:] = False, []
+        x.tolist()           # a copy alone launches no kernel: no bracket
+        assert log == [] and rec.bracket_us() is None

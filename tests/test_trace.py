@@ -55,6 +55,8 @@ BAD = [
      "'kernel_pass' must be"),
     (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1], "graph_launches": [2], "extra": 1}),
      "'kernel_pass' must be"),
+    (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1], "graph_launches": [2], "timed_bracket_us": 7.0}),
+     "'kernel_pass' must be"),
 ]
 
 
@@ -81,6 +83,10 @@ def test_a_good_trace_loads(tmp_path, capsys):
                                       "trail_us": [1.0]})
     path.write_text(json.dumps(with_pass))
     assert load(str(path)).kernel_pass == KernelPass("hcq", [1], [2], [3.5], [1.0])
+    bracketed = top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1], "graph_launches": [2],
+                                      "plain_bracket_us": [900.0], "timed_bracket_us": [925.5]})
+    path.write_text(json.dumps(bracketed))
+    assert load(str(path)).timing_cost_us() == [25.5]
 
 
 def test_account_needs_the_model_it_ran(tmp_path, capsys):

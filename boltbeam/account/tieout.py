@@ -6,10 +6,15 @@ Which figures are independent measurements, and where each comes from:
   kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
                   itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together
+  timing's cost   CUDA events before each token's first kernel launch and after its last, in the
+                  plain tokens and in the timed ones (trace KernelPass brackets): what the timing
+                  added to the device time, taken back out of the timed kernels' span; counted
+                  only where the launch facts were measured the same way (launch_cost.BRACKETED)
   launch and sync measured facts of the target (`measure-target --launch`: on calibration decodes of
-                  other models, the plain token minus the timed kernels' device span, per call
-                  and per kernel) times the JIT calls and kernels the token launched; only for
-                  the engine they were measured through (another engine's trace has no such line)
+                  other models, the plain token minus the timed kernels' device span (less the
+                  timing's cost, where bracketed), per call and per kernel) times the JIT calls
+                  and kernels the token launched; only for the engine they were measured through
+                  (another engine's trace has no such line)
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
 Every figure is a mean over the same tokens (trace.kept_pairs): each timed token is paired with the
@@ -26,6 +31,7 @@ the measured time it bounds:
   boundaries                 kernels that read no weights, one line per category; attention
                              minus the KV cache's floor
   gaps, overlap              from the device timeline
+  timing's cost              minus the brackets' timed-minus-plain difference
   launch and sync            the target's measured fact times the token's launches
 
 No line is the difference of two totals, so the residual (the wall minus every line) can come out
@@ -45,6 +51,7 @@ from boltbeam.bound.roofline import Bound, formats
 from boltbeam.bound.roofline import Line as BoundLine
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
+from boltbeam.measure.launch_cost import BRACKETED
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.trace import IN_GRAPH, TIMINGS, Kernel, Trace, timeline
 from boltbeam.read.roles import read_kind
@@ -69,7 +76,7 @@ BOUNDARY_CAUSES = {"attention": "attention", "kv_write": "kv", "rope": "rope", "
 @dataclass
 class Line:
     label: str
-    kind: str          # floor, role, boundary, gap, overlap, launch
+    kind: str          # floor, role, boundary, gap, overlap, timing, launch
     us: float
     cause: str
     detail: str
@@ -188,6 +195,7 @@ class Tokens:
     groups: dict[int, list[Kernel]]
     lead: list[float]
     trail: list[float]
+    timing_cost: list[float] = field(default_factory=list)   # per token: its brackets, timed less plain
 
 
 def paired_tokens(trace: Trace) -> Tokens:
@@ -195,12 +203,13 @@ def paired_tokens(trace: Trace) -> Tokens:
     groups = trace.by_token()
     kp = trace.kernel_pass
     lead, trail = list((kp and kp.lead_us) or []), list((kp and kp.trail_us) or [])
+    cost = trace.timing_cost_us() or []
     kept = trace.kept_pairs()
     if kept is None:
-        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail)
+        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail, cost)
     pick = lambda xs: [xs[i] for i in kept] if len(xs) == len(groups) else xs
     return Tokens([trace.token_wall_us[i] for i in kept], [trace.kernel_pass_wall_us[i] for i in kept],
-                  {i: groups[i] for i in kept}, pick(lead), pick(trail))
+                  {i: groups[i] for i in kept}, pick(lead), pick(trail), pick(cost))
 
 
 # --- causes of a role's gap ----------------------------------------------------------------------
@@ -513,6 +522,20 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
             outside = fmean(w - t.span_us for w, t in zip(tokens.pass_walls, timelines))
     else:
         notes.append("some kernels lack start_us: gaps and overlap are not measured")
+    facts = [target.facts.get(name) for name in LAUNCH_FACTS]
+    bracketed = all(f is not None and f.method == BRACKETED for f in facts)
+    if tokens.timing_cost and bracketed:
+        cost = fmean(tokens.timing_cost)
+        overheads.append(Line("timing's cost", "timing", -cost, "timing",
+                              f"the timed tokens' launches took {_us(cost)} longer on the device than the plain "
+                              f"tokens' (CUDA events before the first launch and after the last, {len(tokens.timing_cost)} "
+                              f"pair(s)): what the timing added inside the span, taken back out"))
+    elif tokens.timing_cost:
+        notes.append(f"the timing added {_us(fmean(tokens.timing_cost))} to the device time (CUDA events), but the "
+                     f"target's launch facts are net of that cost already: not taken out twice")
+    elif bracketed and trace.kernel_pass and trace.kernel_pass.timing == "cupti":
+        notes.append("the trace has no CUDA events around its launches: the timing's cost inside the span, which "
+                     "the target's launch facts leave out, is not measured (it lies in the residual)")
     launch = _launch_line(trace, groups, target, notes)
     if launch:
         overheads.append(launch)

@@ -87,8 +87,9 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
                 f"timed token beside it ({lc['samples'][0]['timing']}), {len(lc['samples'][0]['plain_wall_us'])} tokens each, "
                 f"the middle half of pairs averaged, a line over the kernel counts weighted by each point's precision")
         for key, us in (("launch_sync_per_call", lc["per_call_us"]), ("launch_sync_per_kernel", lc["per_kernel_us"])):
+            method = f', method = "{lc["method"]}"' if lc.get("method") else ""
             lines.append(f'{key} = {{ value = {us * 1e-6:.4g}, unit = "s", status = "measured", '
-                         f'source = "{lsrc}", date = "{today}", engine = "tinygrad" }}')
+                         f'source = "{lsrc}", date = "{today}", engine = "tinygrad"{method} }}')
     if "matmul_fp16_rate" in m:
         lines.append(f'measured_matmul_fp16 = {{ value = {m["matmul_fp16_rate"]:.4g}, unit = "FLOP/s", status = "measured", '
                      f'source = "{src}: {m["matmul_n"]}^3 fp16 matmul, tinygrad default kernels (a lower bound on the chip)", date = "{today}" }}')

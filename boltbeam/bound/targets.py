@@ -37,7 +37,7 @@ DIMENSION_OF = {"bandwidth": "bandwidth", "capacity": "bytes", "local_memory": "
 PLAUSIBLE = {"bandwidth": (1e8, 1e15), "bytes": (1.0, 1e15), "time": (1e-10, 10.0), "rate": (1e8, 1e18),
              "count": (1.0, 1e9), "price": (1e-3, 1e4)}
 HOST = "host"
-FACT_KEYS = {"value", "unit", "status", "source", "date", "engine"}
+FACT_KEYS = {"value", "unit", "status", "source", "date", "engine", "method"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Fact:
     source: str
     date: str
     engine: str | None = None   # a cost measured through one engine (e.g. its launches) holds for that engine only
+    method: str | None = None   # how it was measured, where an account must know (launch_cost.BRACKETED)
 
 
 @dataclass(frozen=True)

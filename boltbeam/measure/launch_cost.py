@@ -10,10 +10,14 @@ in a real token: a GPU kernel must move megabytes to outlast its launch (width 4
 tinygrad's CPU device already runs each kernel slower than the host launches it (width 256).
 Per depth: the plain token minus the device span of the timed tokens, averaged over the token pairs
 the account keeps (trace.kept_pairs); a line over the kernels per token, each point weighted by its
-precision, gives the cost of a call and of each kernel. The per-kernel figure is net
-of what timing a kernel adds to the timed span (CUPTI's records on a GPU, tinygrad's timestamps
-written from Python on the CPU), so it is negative where that costs more than a launch: the
-account counts the plain token against the timed kernels, and this measured figure bridges them.
+precision, gives the cost of a call and of each kernel.
+
+What timing the kernels adds to their span (CUPTI's records on a GPU, tinygrad's timestamps written
+from Python on the CPU) is taken back out where the traces measured it apart: CUDA events around each
+token's launches, plain and timed (KernelPass brackets). The facts are then BRACKETED, and the account
+takes the same cost out of its traces as a line of its own. Where no brackets exist (the CPU), the
+per-kernel figure stays net of the timing's cost, so it is negative where that costs more than a
+launch: the account counts the plain token against the timed kernels, and the fact bridges them.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from boltbeam.measure.trace import load, timeline
 # count lies inside the measured range rather than beyond it.
 DEPTHS = (2, 16, 48)
 WIDTHS = (256, 4096)
+BRACKETED = "span less the timing's cost measured by CUDA events"   # a launch fact's method (targets.Fact)
 
 
 def width_for(device: str) -> int:
@@ -51,10 +56,12 @@ class LaunchSample:
     lead_us: list[float] | None    # timed tokens: host mark to first kernel, and last kernel to host mark
     trail_us: list[float] | None
     kept: list[int] | None = None  # the token pairs the account would average over (trace.kept_pairs)
+    timing_cost_us: list[float] | None = None   # per pair: what the timing added to the device time (brackets)
 
     def _outside(self) -> list[float]:
         kept = self.kept if self.kept is not None else range(min(len(self.plain_wall_us), len(self.span_us)))
-        return [self.plain_wall_us[i] - self.span_us[i] for i in kept]
+        cost = self.timing_cost_us or [0.0] * len(self.span_us)
+        return [self.plain_wall_us[i] - (self.span_us[i] - cost[i]) for i in kept]
 
     @property
     def outside_us(self) -> float:
@@ -73,8 +80,9 @@ class LaunchCost:
     device: str
     width: int
     per_call_us: float         # beyond the device span, per decode step
-    per_kernel_us: float       # and per kernel it launches, net of the timing's own cost per kernel
+    per_kernel_us: float       # and per kernel it launches (net of the timing's own cost unless BRACKETED)
     samples: list[LaunchSample]
+    method: str | None = None  # BRACKETED when every sample took the timing's measured cost back out
 
     @property
     def timing(self) -> str:
@@ -87,7 +95,8 @@ def measure_launch_cost(device: str, width: int | None = None, tokens: int = 16,
     width = width or width_for(device)
     samples = calibration_samples(device, width, tokens, depths, progress)
     per_call, per_kernel = fit(samples)
-    return LaunchCost(device, width, per_call_us=per_call, per_kernel_us=per_kernel, samples=samples)
+    return LaunchCost(device, width, per_call_us=per_call, per_kernel_us=per_kernel, samples=samples,
+                      method=BRACKETED if all(s.timing_cost_us for s in samples) else None)
 
 
 def fit(samples: list[LaunchSample]) -> tuple[float, float]:
@@ -123,7 +132,7 @@ def calibration_samples(device: str, width: int, tokens: int, depths: tuple[int,
                                         round(statistics.median(trace.kernel_pass.graph_launches)),
                                         trace.token_wall_us, [timeline(ks).span_us for ks in trace.by_token().values()],
                                         trace.kernel_pass.lead_us,
-                                        trace.kernel_pass.trail_us, trace.kept_pairs()))
+                                        trace.kernel_pass.trail_us, trace.kept_pairs(), trace.timing_cost_us()))
             if progress:
                 progress(1)
     return samples

@@ -81,6 +81,29 @@ class _CudaEvents:
         return round(ms.value * 1e6)
 
 
+class _Bracket:
+    """Two CUDA events on the launch stream: one before a token's first kernel launch, one re-recorded
+    after each launch, so they span the device time of the token's kernels without CUPTI."""
+    def __init__(self):
+        self.events: list = []
+
+    def first(self):
+        if not self.events:   # created on first use, once tinygrad has opened the device
+            from tinygrad.runtime.autogen import cuda
+            self.cuda, self.events = cuda, [cuda.CUevent(), cuda.CUevent()]
+            for ev in self.events:
+                cuda.cuEventCreate(ctypes.byref(ev), 0)
+        self.cuda.cuEventRecord(self.events[0], None)
+
+    def last(self):
+        self.cuda.cuEventRecord(self.events[1], None)
+
+    def elapsed_us(self) -> float:
+        ms = ctypes.c_float()
+        self.cuda.cuEventElapsedTime(ctypes.byref(ms), *self.events)
+        return ms.value * 1e3
+
+
 @dataclass
 class Call:
     """What the host ran in a timed token: a whole graph, or one kernel or copy outside any graph."""
@@ -109,21 +132,28 @@ class Recorder:
     calls: list[Call] = field(default_factory=list)
     jit_calls: int = 0
     events: _CudaEvents | None = None
+    # CUPTI timing: CUDA events before a token's first kernel launch and after its last, in every token
+    # (plain and timed), so the device time CUPTI adds is measured apart from CUPTI's own records
+    brackets: _Bracket | None = None
+    bracketing: bool = False
 
     def __post_init__(self):
         if self.timing == "launch":
             self.events = _CudaEvents()
+        if self.timing == "cupti":
+            self.brackets = _Bracket()
 
     @contextlib.contextmanager
     def install(self):
-        """Wrap tinygrad's per-call stats hook and its JIT replay, recording nothing until `active`."""
+        """Wrap tinygrad's per-call stats hook and its JIT replay, recording nothing until `active`
+        (but the brackets, in every token)."""
         from tinygrad.engine import jit, realize
         from tinygrad.uop.ops import Ops
         orig_track, orig_run = realize.track_stats, jit.run_linear
         rec = self
 
         @contextlib.contextmanager
-        def track_stats(ctx, call, device, bufs, var_vals):
+        def recorded(ctx, call, device, bufs, var_vals):
             ast = call.src[0]
             if not rec.active:
                 with orig_track(ctx, call, device, bufs, var_vals) as et:
@@ -140,6 +170,18 @@ class Recorder:
             with orig_track(ctx, call, device, bufs, var_vals) as et:
                 yield et
 
+        @contextlib.contextmanager
+        def track_stats(ctx, call, device, bufs, var_vals):
+            ast = call.src[0]
+            launches = ast.op is Ops.PROGRAM or (ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph")
+            if rec.brackets and launches and not rec.bracketing:
+                rec.brackets.first()
+                rec.bracketing = True
+            with recorded(ctx, call, device, bufs, var_vals) as et:
+                yield et
+            if rec.brackets and launches:
+                rec.brackets.last()
+
         def run_linear(*args, **kwargs):
             if rec.active and kwargs.get("jit"):
                 rec.jit_calls += 1
@@ -150,6 +192,10 @@ class Recorder:
             yield self
         finally:
             realize.track_stats, jit.run_linear = orig_track, orig_run
+
+    def bracket_us(self) -> float | None:
+        """This token's bracket, read after it synchronized."""
+        return self.brackets.elapsed_us() if self.brackets and self.bracketing else None
 
     def take(self) -> tuple[list[Call], int]:
         """This token's calls and JIT replays; the recorder starts the next token empty."""
@@ -442,6 +488,7 @@ class _TimedToken:
     calls: list[Call]
     jit_calls: int
     marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
+    bracket_us: float | None = None           # CUDA events around its launches (Recorder.brackets)
     timeline: Timed = field(default_factory=list)
 
     @property
@@ -482,10 +529,12 @@ class _Run:
                 self._next("warm-up")
 
     def _next(self, stage: str) -> float:
-        """Decode one token; its wall in µs."""
+        """Decode one token; its wall in µs (and its bracket in self.bracket, where the timing keeps one)."""
+        self.rec.bracketing = False
         t0 = time.perf_counter()
         self.out_tokens.append(next(self.gen))
         wall = (time.perf_counter() - t0) * 1e6
+        self.bracket = self.rec.bracket_us()
         self.tick(stage, 1)
         return wall
 
@@ -498,10 +547,11 @@ class _Run:
         self.rec.active = False
         after = now()
         calls, jit_calls = self.rec.take()
-        return _TimedToken(wall, calls, jit_calls, (before, after))
+        return _TimedToken(wall, calls, jit_calls, (before, after), self.bracket)
 
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
+        self.plain_brackets: list[float] = []
         walls, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
         for t in timed:
             if not t.timeline:
@@ -534,7 +584,10 @@ class _Run:
     def _cupti(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
         """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), flushed once."""
         from tinygrad import Context
-        walls = [self._next("plain") for _ in range(self.tokens)]
+        walls = []
+        for _ in range(self.tokens):
+            walls.append(self._next("plain"))
+            self.plain_brackets.append(self.bracket)
         self.cupti.start()
         with Context(BEAM=self.beam):
             timed = [self._timed("timed") for _ in range(self.tokens)]
@@ -605,6 +658,7 @@ class _Run:
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
         marked = all(t.marks_ns for t in timed)
+        bracketed = self.plain_brackets and None not in self.plain_brackets and all(t.bracket_us for t in timed)
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
             workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
@@ -617,7 +671,9 @@ class _Run:
             kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],
                                    [sum(1 for c in t.calls if c.graph is not None) for t in timed],
                                    lead_us=[t.lead_us for t in timed] if marked else None,
-                                   trail_us=[t.trail_us for t in timed] if marked else None),
+                                   trail_us=[t.trail_us for t in timed] if marked else None,
+                                   plain_bracket_us=self.plain_brackets if bracketed else None,
+                                   timed_bracket_us=[t.bracket_us for t in timed] if bracketed else None),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"

@@ -63,6 +63,10 @@ class KernelPass:
     # host mark, on the timing's own clock (null where host and device clocks differ)
     lead_us: list[float] | None = None
     trail_us: list[float] | None = None
+    # CUDA events before each token's first kernel launch and after its last, per plain token and per
+    # measured token: what the timing itself adds to the device time, measured apart from it
+    plain_bracket_us: list[float] | None = None
+    timed_bracket_us: list[float] | None = None
 
     @property
     def in_graph(self) -> bool:
@@ -115,6 +119,14 @@ class Trace:
         order = sorted(tokens, key=lambda i: self.token_wall_us[i] - self.kernel_pass_wall_us[i])
         drop = int(trim * len(order))
         return sorted(order[drop:len(order) - drop])
+
+    def timing_cost_us(self) -> list[float] | None:
+        """Per timed token, the device time its timing added: its bracket less the plain token's of the
+        same index (None without brackets)."""
+        kp = self.kernel_pass
+        if kp is None or not kp.plain_bracket_us or not kp.timed_bracket_us:
+            return None
+        return [t - p for p, t in zip(kp.plain_bracket_us, kp.timed_bracket_us)]
 
     def by_token(self) -> dict[int, list[Kernel]]:
         """Each measured token's kernels in launch order (index), tokens in order."""
@@ -253,9 +265,10 @@ def _kernel_pass(d: Any, where: str) -> KernelPass | None:
     if (not isinstance(d, dict) or d.get("timing") not in TIMINGS
             or not {"timing", "jit_calls", "graph_launches"} <= set(d) <= {f.name for f in fields(KernelPass)}
             or not counts(d["jit_calls"]) or not counts(d["graph_launches"])
-            or not times(d.get("lead_us")) or not times(d.get("trail_us"))):
+            or not all(times(d.get(k)) for k in ("lead_us", "trail_us", "plain_bracket_us", "timed_bracket_us"))):
         raise BadInput(f"{where}: 'kernel_pass' must be null or {{timing: one of {', '.join(TIMINGS)}, "
-                       f"jit_calls: [counts], graph_launches: [counts], lead_us, trail_us: [µs] or null}}")
+                       f"jit_calls: [counts], graph_launches: [counts], lead_us, trail_us, plain_bracket_us, "
+                       f"timed_bracket_us: [µs] or null}}")
     return KernelPass(**d)
 
 

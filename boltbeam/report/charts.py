@@ -24,7 +24,7 @@ matplotlib.rcParams.update({"svg.fonttype": "none",       # text stays text: sma
 PALETTE = matplotlib.colormaps["tab10"].colors
 REGION_COLOR = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(REGIONS)}
 KIND_COLOR = {"floor": "#4c72b0", "role": "#dd8452", "boundary": "#c44e52", "gap": "#8172b3",
-              "overlap": "#55a868", "launch": "#937860", "residual": "#8c8c8c", "wall": "#222222"}
+              "overlap": "#55a868", "launch": "#937860", "timing": "#da8bc3", "residual": "#8c8c8c", "wall": "#222222"}
 Rows = list[dict[str, Any]]
 
 

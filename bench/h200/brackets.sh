@@ -1,0 +1,29 @@
+# The timing's own cost, measured apart: CUDA events around each token's launches (plain and timed),
+# on the searched layout routes, and the launch facts calibrated the same way. After `source bench/h200/setup.sh`:
+#   bash bench/h200/brackets.sh route NAME PROFILE-FLAGS...   boltbeam profile /tmp/m.gguf --device CUDA --context
+#                                                            ${CONTEXT:-512} --tokens ${TOKENS:-24} FLAGS -> $OUT/NAME.json.gz
+#   bash bench/h200/brackets.sh launch                       boltbeam measure-target --launch (bracketed facts)
+#   bash bench/h200/brackets.sh pack                         summaries, logs and nvidia-smi -> $OUT/run-$(date).tgz
+# tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back).
+set -u
+export DEV=CUDA CACHEDB=/tmp/tinygrad_cache.db
+mkdir -p /tmp/run
+start=$(date +%s)
+case $1 in
+  route)
+    name=$2; shift 2
+    timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context "${CONTEXT:-512}" \
+      --tokens "${TOKENS:-24}" "$@" --out "/tmp/run/$name.trace.json" --json > "/tmp/run/$name.summary.json" 2> "/tmp/run/$name.log"
+    rc=$?
+    [ -e "/tmp/run/$name.trace.json" ] && gzip -c "/tmp/run/$name.trace.json" > "$OUT/$name.json.gz"
+    echo "$name: rc=$rc wall=$(( $(date +%s) - start )) s; profile $*" | tee -a /tmp/run/stages.txt
+    tail -2 "/tmp/run/$name.log" ;;
+  launch)
+    timeout "${LIMIT:-300}" python3 -m boltbeam measure-target --launch --name h200-launch --size-mb 1024 --reps 10 \
+      --out /tmp/run/measure_target_launch.json > /tmp/run/h200_launch.toml 2> /tmp/run/launch.log
+    echo "launch: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a /tmp/run/stages.txt
+    cat /tmp/run/h200_launch.toml; tail -2 /tmp/run/launch.log ;;
+  pack)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > /tmp/run/nvidia-smi.csv
+    tar czf "$OUT/run-$(date +%H%M).tgz" -C /tmp/run --exclude '*.trace.json' . ;;
+esac
