@@ -112,7 +112,7 @@ def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
     if v != 0 and not low <= abs(v * factor) <= high:
         raise BadInput(f"{where}: {v:g} {f['unit']} is outside what any chip has ({low:g} to {high:g} "
                        f"{BASE[dim]}): a unit mistake?")
-    return Fact(float(v * factor), BASE[dim], f["status"], f["source"], f["date"], f.get("engine"))
+    return Fact(float(v * factor), BASE[dim], f["status"], f["source"], f["date"], f.get("engine"), f.get("method"))
 
 
 def _load_file(text: str, where: str) -> dict[str, Target]:
