@@ -133,7 +133,7 @@ def test_the_residual_can_come_out_wrong(tiny_bound):
     plain = (span(ks) + launch) * 1.03
     acc = account(make_trace([ks], [plain], [plain]), tiny_bound, H200L)
     assert acc.residual_us == pytest.approx(plain - span(ks) - launch) and not acc.closed
-    assert f"the launch line counts {launch:,.2f} µs; the timed tokens spent {plain - span(ks):,.2f} µs outside" \
+    assert f"launch and sync count {launch:,.2f} µs; the timed tokens spent {plain - span(ks):,.2f} µs outside" \
         in acc.refusals[0]
     slow = account(make_trace([ks], [span(ks) + launch], [(span(ks) + launch) * 1.05]), tiny_bound, H200L)
     assert slow.closed                       # the timing cost the timed tokens 5%, but the lines still meet the wall
@@ -208,6 +208,38 @@ def test_the_timing_cost_measured_by_brackets_is_taken_out_once(tiny_bound):
     assert any("not taken out twice" in n for n in net.notes)
     unbracketed = dataclasses.replace(trace, kernel_pass=dataclasses.replace(trace.kernel_pass, plain_bracket_us=None))
     assert any("no CUDA events" in n for n in account(unbracketed, tiny_bound, bracketed).notes)
+
+
+def test_launch_and_sync_measured_on_the_token_where_the_timing_cost_is(tiny_bound):
+    """With brackets and the host's marks, launch and sync come from the token itself: the plain tokens'
+    host time before their first launch, the timed tokens' first launch to first kernel and last kernel to
+    return. The launch facts then only speak in a note. The residual still comes out wrong when a part of
+    the plain token is none of these (here: a plain token 90 µs slower to synchronize). Means over the kept
+    pairs (the middle two of four: the outer tokens' host times would pull the mean to 425 µs)."""
+    tokens = [full_token(tiny_bound, t) for t in range(4)]
+    host_p, host_t, latency, trail, stretch = 400.0, 430.0, 25.0, 60.0, 40.0
+    plain = host_p + latency + (span(tokens[0]) - stretch) + trail
+
+    def with_marks(walls):
+        trace = make_trace(tokens, token_walls=walls, pass_walls=[host_t + latency + span(tokens[0]) + trail] * 4)
+        trace.kernel_pass = dataclasses.replace(
+            trace.kernel_pass, plain_bracket_us=[5000.0] * 4, timed_bracket_us=[5000.0 + stretch] * 4,
+            plain_host_us=[host_p + 50.0, host_p - 10.0, host_p + 10.0, host_p + 50.0], timed_host_us=[host_t] * 4,
+            lead_us=[host_t + latency] * 4, trail_us=[trail] * 4)
+        return trace
+    acc = account(with_marks([plain] * 4), tiny_bound, H200L)
+    launch = {x.label: x.us for x in acc.lines if x.kind == "launch"}
+    assert launch == pytest.approx({"host before the first launch": host_p, "first launch to first kernel": latency,
+                                    "synchronization and read-back": trail})
+    assert line(acc, "timing's cost").us == pytest.approx(-stretch)
+    assert acc.closed and acc.residual_us == pytest.approx(0.0, abs=1e-9)
+    assert any("launch facts would have counted" in n for n in acc.notes)
+    slow = account(with_marks([plain + 90.0] * 4), tiny_bound, H200L)
+    assert slow.residual_us == pytest.approx(90.0) and not slow.closed
+    # Without brackets the timing's cost is unmeasured: the facts' line stands, as on the CPU.
+    bare = with_marks([plain] * 4)
+    bare.kernel_pass.plain_bracket_us = None
+    assert [x.label for x in account(bare, tiny_bound, H200L).lines if x.kind == "launch"] == ["launch and sync"]
 
 
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):

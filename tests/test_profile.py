@@ -228,28 +228,38 @@ def test_what_attention_alone_wrote_is_attention(tiny_model):
     assert c.classify(launch([out], [y]))[0] != "attention"                 # its input's last writer was not attention
 
 
+BRACKET_PROBE = """
+import json
+from tinygrad import Tensor
+from boltbeam.measure.tinygrad_run import Recorder
+log, out = [], []
+class Events:
+    def first(self): log.append("first")
+    def last(self): log.append("last")
+    def elapsed_us(self): return 42.0
+rec = Recorder("CPU", "hcq", brackets=Events())
+with rec.install():
+    x = Tensor.arange(64).float().contiguous().realize()
+    for _ in range(2):   # one by one, as a token outside any graph: a reduction, then a kernel that reads it
+        rec.opened_ns, log[:] = None, []
+        (x - x.max()).exp().realize()
+        out.append([list(log), rec.bracket_us(), rec.opened_ns is not None])
+    rec.opened_ns, log[:] = None, []
+    x.tolist()           # a copy alone launches no kernel
+    out.append([list(log), rec.bracket_us(), rec.opened_ns is not None])
+print(json.dumps(out))
+"""
+
+
 def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
     """The recorder's CUDA-event brackets, with a stand-in for the events on CPU: opened once a token, at its
-    first kernel launch, re-closed after every launch (so the last launch closes it), read only when opened."""
-    from tinygrad import Tensor, TinyJit
-
-    from boltbeam.measure.tinygrad_run import Recorder
-    log = []
-
-    class Events:
-        def first(self): log.append("first")
-        def last(self): log.append("last")
-        def elapsed_us(self): return 42.0
-
-    rec = Recorder("CPU", "hcq", brackets=Events())
-    with rec.install():
-        x = Tensor.arange(64).float().contiguous().realize()
-        step = lambda a: (a - a.max()).exp().realize()    # a reduction, then a kernel that reads it: two launches
-        for _ in range(2):   # one by one, as a token outside any graph
-            rec.bracketing, log[:] = False, []
-            step(x)
-            assert log[0] == "first" and log.count("first") == 1 and log.count("last") >= 2
-            assert rec.bracket_us() == 42.0
-        rec.bracketing, log[:] = False, []
-        x.tolist()           # a copy alone launches no kernel: no bracket
-        assert log == [] and rec.bracket_us() is None
+    first kernel launch (the host's clock read there too), re-closed after every launch (so the last launch
+    closes it), read only when opened. In a fresh process: tinygrad's hook must precede its first compile."""
+    done = subprocess.run([sys.executable, "-c", BRACKET_PROBE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "DEV": "CPU"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    *tokens, copy = json.loads(done.stdout.strip().splitlines()[-1])
+    for log, bracket, opened in tokens:
+        assert log[0] == "first" and log.count("first") == 1 and log.count("last") >= 2 and log[-1] == "last"
+        assert bracket == 42.0 and opened
+    assert copy == [[], None, False]

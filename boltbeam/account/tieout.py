@@ -10,11 +10,14 @@ Which figures are independent measurements, and where each comes from:
                   plain tokens and in the timed ones (trace KernelPass brackets): what the timing
                   added to the device time, taken back out of the timed kernels' span; counted
                   only where the launch facts were measured the same way (launch_cost.BRACKETED)
-  launch and sync measured facts of the target (`measure-target --launch`: on calibration decodes of
-                  other models, the plain token minus the timed kernels' device span (less the
-                  timing's cost, where bracketed), per call and per kernel) times the JIT calls
-                  and kernels the token launched; only for the engine they were measured through
-                  (another engine's trace has no such line)
+  launch and sync where the trace has brackets and the host's marks, measured on the token: the plain
+                  tokens' host time from their start to their first kernel launch (host clock),
+                  the timed tokens' first launch to first kernel and last kernel to return (the
+                  timing's clock). Elsewhere, measured facts of the target (`measure-target
+                  --launch`: on calibration decodes of other models, the plain token minus the
+                  timed kernels' device span (less the timing's cost, where bracketed), per call
+                  and per kernel) times the JIT calls and kernels the token launched; only for the
+                  engine they were measured through (another engine's trace has no such line)
   floor           the bound (bytes / bandwidth, or operations / peak rate): no measurement at all
 
 Every figure is a mean over the same tokens (trace.kept_pairs): each timed token is paired with the
@@ -32,7 +35,9 @@ the measured time it bounds:
                              minus the KV cache's floor
   gaps, overlap              from the device timeline
   timing's cost              minus the brackets' timed-minus-plain difference
-  launch and sync            the target's measured fact times the token's launches
+  launch and sync            three lines measured on the token (host before the first launch, first
+                             launch to first kernel, synchronization and read-back), or the target's
+                             measured fact times the token's launches
 
 No line is the difference of two totals, so the residual (the wall minus every line) can come out
 wrong: over 1% of the wall the account is refused, and the refusal names the measurement that
@@ -148,7 +153,8 @@ class Account:
         if timed is not None and abs(timed - self.wall_us) > CLOSE_FRACTION * self.wall_us:
             said.append(f"the timed tokens took {timed:,.2f} µs against {self.wall_us:,.2f} µs plain "
                         f"({timed / self.wall_us - 1:+.1%}): timing the kernels changed the token")
-        launch = next((line.us for line in self.lines if line.kind == "launch"), None)
+        launch_lines = [line.us for line in self.lines if line.kind == "launch"]
+        launch = sum(launch_lines) if launch_lines else None
         if self.outside_span_us is not None:
             if launch is None:
                 said.append(f"the timed tokens spent {self.outside_span_us:,.2f} µs outside their device span and "
@@ -156,7 +162,7 @@ class Account:
             elif abs(self.outside_span_us - launch) > CLOSE_FRACTION * self.wall_us:
                 where = (f" ({self.lead_us:,.2f} µs before the first kernel, {self.trail_us:,.2f} µs after the last)"
                          if self.lead_us is not None and self.trail_us is not None else "")
-                said.append(f"the launch line counts {launch:,.2f} µs; the timed tokens spent "
+                said.append(f"launch and sync count {launch:,.2f} µs; the timed tokens spent "
                             f"{self.outside_span_us:,.2f} µs outside their device span{where}")
         if self.timing and self.timing not in IN_GRAPH:
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
@@ -196,6 +202,8 @@ class Tokens:
     lead: list[float]
     trail: list[float]
     timing_cost: list[float] = field(default_factory=list)   # per token: its brackets, timed less plain
+    plain_host: list[float] = field(default_factory=list)    # per plain token: start to first launch
+    timed_host: list[float] = field(default_factory=list)    # per timed token: the same
 
 
 def paired_tokens(trace: Trace) -> Tokens:
@@ -204,12 +212,13 @@ def paired_tokens(trace: Trace) -> Tokens:
     kp = trace.kernel_pass
     lead, trail = list((kp and kp.lead_us) or []), list((kp and kp.trail_us) or [])
     cost = trace.timing_cost_us() or []
+    hosts = list((kp and kp.plain_host_us) or []), list((kp and kp.timed_host_us) or [])
     kept = trace.kept_pairs()
     if kept is None:
-        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail, cost)
-    pick = lambda xs: [xs[i] for i in kept] if len(xs) == len(groups) else xs
+        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail, cost, *hosts)
+    pick = lambda xs: [xs[i] for i in kept] if len(xs) >= len(groups) else xs
     return Tokens([trace.token_wall_us[i] for i in kept], [trace.kernel_pass_wall_us[i] for i in kept],
-                  {i: groups[i] for i in kept}, pick(lead), pick(trail), pick(cost))
+                  {i: groups[i] for i in kept}, pick(lead), pick(trail), pick(cost), *map(pick, hosts))
 
 
 # --- causes of a role's gap ----------------------------------------------------------------------
@@ -524,12 +533,24 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
         notes.append("some kernels lack start_us: gaps and overlap are not measured")
     facts = [target.facts.get(name) for name in LAUNCH_FACTS]
     bracketed = all(f is not None and f.method == BRACKETED for f in facts)
-    if tokens.timing_cost and bracketed:
-        cost = fmean(tokens.timing_cost)
-        overheads.append(Line("timing's cost", "timing", -cost, "timing",
-                              f"the timed tokens' launches took {_us(cost)} longer on the device than the plain "
-                              f"tokens' (CUDA events before the first launch and after the last, {len(tokens.timing_cost)} "
-                              f"pair(s)): what the timing added inside the span, taken back out"))
+    cost = None
+    if tokens.timing_cost:
+        us = fmean(tokens.timing_cost)
+        cost = Line("timing's cost", "timing", -us, "timing",
+                    f"the timed tokens' launches took {_us(us)} longer on the device than the plain tokens' (CUDA "
+                    f"events before the first launch and after the last, {len(tokens.timing_cost)} pair(s)): what "
+                    f"the timing added inside the span, taken back out")
+    # Measured on the token where the timing's own cost is measured apart too (brackets); elsewhere (the
+    # CPU's timestamps) the launch facts, which are net of that cost, bridge the plain and timed tokens.
+    host = _host_lines(tokens) if cost else []
+    if host:
+        overheads += host + ([cost] if cost else [])
+        if fact_line := _launch_line(trace, groups, target, []):
+            notes.append(f"launch and sync measured on this token's host ({_us(sum(x.us for x in host))}); the "
+                         f"target's launch facts would have counted {_us(fact_line.us)}")
+        return overheads, overlap, outside
+    if cost and bracketed:
+        overheads.append(cost)
     elif tokens.timing_cost:
         notes.append(f"the timing added {_us(fmean(tokens.timing_cost))} to the device time (CUDA events), but the "
                      f"target's launch facts are net of that cost already: not taken out twice")
@@ -540,6 +561,25 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
     if launch:
         overheads.append(launch)
     return overheads, overlap, outside
+
+
+def _host_lines(tokens: Tokens) -> list[Line]:
+    """Launch and synchronization measured on the token itself, where the trace has the host's marks: the
+    host's time before the first launch (the plain tokens), then, in the timed tokens on the timing's
+    clock, the first launch to the first kernel and the last kernel to the token's return."""
+    n = len(tokens.groups)
+    if not (len(tokens.plain_host) == len(tokens.timed_host) == len(tokens.lead) == len(tokens.trail) == n):
+        return []
+    latency = fmean(lead - host for lead, host in zip(tokens.lead, tokens.timed_host))
+    return [Line("host before the first launch", "launch", fmean(tokens.plain_host), "launch",
+                 f"the plain tokens' start to their first kernel launch, on the host ({n} token(s)): the decode "
+                 f"step and the JIT replay in Python before anything runs on the device"),
+            Line("first launch to first kernel", "launch", latency, "launch",
+                 f"the timed tokens' first kernel launch to their first kernel's start, on the timing's clock "
+                 f"({n} token(s))"),
+            Line("synchronization and read-back", "launch", fmean(tokens.trail), "launch",
+                 f"the timed tokens' last kernel's end to their return, on the timing's clock ({n} token(s)): "
+                 f"waiting for the device and reading the token back")]
 
 
 def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, notes: list[str]) -> Line | None:

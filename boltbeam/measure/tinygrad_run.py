@@ -1,13 +1,16 @@
 """The tinygrad adapter: decode through tinygrad's own model code and write one trace.
 
 Plain tokens and timed tokens over one loaded model:
-  - plain: the JIT with its graphs, as users run it, nothing recording; each token's wall.
+  - plain: the JIT with its graphs, as users run it, nothing recording but two marks: the host's
+    clock at the token's first kernel launch, and on CUDA an event before that launch and after the
+    last (a few µs of host work); each token's wall.
   - timed: every kernel recorded (name, launch dimensions, opts, tinygrad's own estimates, the buffers
     it touches) with its time on the device timeline of the graph replay itself: CUPTI records on
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
     JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
     by one instead, where no in-graph timing can be had, and the trace says so.
-  Per timed token the trace also keeps the JIT replays and graph launches the host made: the
+  Per timed token the trace also keeps the JIT replays and graph launches the host made, and per
+  token (plain and timed) the host's time before its first launch and the events' bracket: the
   account counts launch and synchronization cost on them.
 Weights stay views of the GGUF file's buffer, so a view's offset is a tensor's data offset in the
 file: that maps each kernel to the tensors it reads, and so to roles. A kernel that reads no weight
@@ -132,10 +135,12 @@ class Recorder:
     calls: list[Call] = field(default_factory=list)
     jit_calls: int = 0
     events: _CudaEvents | None = None
-    # CUPTI timing: CUDA events before a token's first kernel launch and after its last, in every token
-    # (plain and timed), so the device time CUPTI adds is measured apart from CUPTI's own records
+    # Every token, plain and timed: the clock read at its first kernel launch (the host's part before it),
+    # and with CUPTI timing CUDA events before that launch and after its last, so the device time CUPTI
+    # adds is measured apart from CUPTI's own records
+    clock: Callable[[], int] = time.perf_counter_ns
+    opened_ns: int | None = None
     brackets: _Bracket | None = None
-    bracketing: bool = False
 
     def __post_init__(self):
         if self.timing == "launch":
@@ -174,9 +179,10 @@ class Recorder:
         def track_stats(ctx, call, device, bufs, var_vals):
             ast = call.src[0]
             launches = ast.op is Ops.PROGRAM or (ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph")
-            if rec.brackets and launches and not rec.bracketing:
-                rec.brackets.first()
-                rec.bracketing = True
+            if launches and rec.opened_ns is None:
+                rec.opened_ns = rec.clock()
+                if rec.brackets:
+                    rec.brackets.first()
             with recorded(ctx, call, device, bufs, var_vals) as et:
                 yield et
             if rec.brackets and launches:
@@ -195,7 +201,7 @@ class Recorder:
 
     def bracket_us(self) -> float | None:
         """This token's bracket, read after it synchronized."""
-        return self.brackets.elapsed_us() if self.brackets and self.bracketing else None
+        return self.brackets.elapsed_us() if self.brackets and self.opened_ns is not None else None
 
     def take(self) -> tuple[list[Call], int]:
         """This token's calls and JIT replays; the recorder starts the next token empty."""
@@ -489,6 +495,7 @@ class _TimedToken:
     jit_calls: int
     marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
     bracket_us: float | None = None           # CUDA events around its launches (Recorder.brackets)
+    host_us: float | None = None              # its start to its first kernel launch, on the host
     timeline: Timed = field(default_factory=list)
 
     @property
@@ -529,29 +536,38 @@ class _Run:
                 self._next("warm-up")
 
     def _next(self, stage: str) -> float:
-        """Decode one token; its wall in µs (and its bracket in self.bracket, where the timing keeps one)."""
-        self.rec.bracketing = False
+        """Decode one token; its wall in µs. Also kept: its start on the recorder's clock, the host's time
+        from there to its first kernel launch, and its bracket where the timing keeps one."""
+        self.rec.opened_ns = None
+        self.started_ns = self.rec.clock()
         t0 = time.perf_counter()
         self.out_tokens.append(next(self.gen))
         wall = (time.perf_counter() - t0) * 1e6
+        opened = self.rec.opened_ns
+        self.host_us = None if opened is None else (opened - self.started_ns) / 1e3
         self.bracket = self.rec.bracket_us()
         self.tick(stage, 1)
         return wall
 
+    def _plain(self) -> float:
+        wall = self._next("plain")
+        self.plain_hosts.append(self.host_us)
+        self.plain_brackets.append(self.bracket)
+        return wall
+
     def _timed(self, stage: str) -> _TimedToken:
-        """One recorded token, with host marks before and after it on the timing's own clock."""
-        now = self.cupti.now_ns if self.cupti else time.perf_counter_ns
-        before = now()
+        """One recorded token, with host marks at its start and after it on the timing's own clock."""
         self.rec.active = True
         wall = self._next(stage)
         self.rec.active = False
-        after = now()
+        after = self.rec.clock()
         calls, jit_calls = self.rec.take()
-        return _TimedToken(wall, calls, jit_calls, (before, after), self.bracket)
+        return _TimedToken(wall, calls, jit_calls, (self.started_ns, after), self.bracket, self.host_us)
 
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
-        self.plain_brackets: list[float] = []
+        self.plain_brackets: list[float | None] = []
+        self.plain_hosts: list[float | None] = []
         walls, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
         for t in timed:
             if not t.timeline:
@@ -573,7 +589,7 @@ class _Run:
         walls, timed = [], []
         for _ in range(self.tokens):
             net.rollout_jit = plain
-            walls.append(self._next("plain"))
+            walls.append(self._plain())
             net.rollout_jit = timed_jit
             t = self._timed("timed")
             t.timeline = hcq_timeline(t.calls, where)   # a graph's timestamps hold only its last replay
@@ -584,11 +600,9 @@ class _Run:
     def _cupti(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
         """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), flushed once."""
         from tinygrad import Context
-        walls = []
-        for _ in range(self.tokens):
-            walls.append(self._next("plain"))
-            self.plain_brackets.append(self.bracket)
+        walls = [self._plain() for _ in range(self.tokens)]
         self.cupti.start()
+        self.rec.clock = self.cupti.now_ns   # the timed tokens' marks on CUPTI's clock, as their kernels
         with Context(BEAM=self.beam):
             timed = [self._timed("timed") for _ in range(self.tokens)]
         marks = [t.marks_ns[0] for t in timed] + [self.cupti.now_ns()]
@@ -659,6 +673,7 @@ class _Run:
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
         marked = all(t.marks_ns for t in timed)
         bracketed = self.plain_brackets and None not in self.plain_brackets and all(t.bracket_us for t in timed)
+        hosted = self.plain_hosts and None not in self.plain_hosts and all(t.host_us is not None for t in timed)
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
             workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
@@ -673,7 +688,9 @@ class _Run:
                                    lead_us=[t.lead_us for t in timed] if marked else None,
                                    trail_us=[t.trail_us for t in timed] if marked else None,
                                    plain_bracket_us=self.plain_brackets if bracketed else None,
-                                   timed_bracket_us=[t.bracket_us for t in timed] if bracketed else None),
+                                   timed_bracket_us=[t.bracket_us for t in timed] if bracketed else None,
+                                   plain_host_us=self.plain_hosts if hosted else None,
+                                   timed_host_us=[t.host_us for t in timed] if hosted else None),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"

@@ -67,6 +67,10 @@ class KernelPass:
     # measured token: what the timing itself adds to the device time, measured apart from it
     plain_bracket_us: list[float] | None = None
     timed_bracket_us: list[float] | None = None
+    # Per plain token and per measured token: the host's time from the token's start to its first kernel
+    # launch (tinygrad's JIT replay in Python), on the host (the timing's clock for measured tokens)
+    plain_host_us: list[float] | None = None
+    timed_host_us: list[float] | None = None
 
     @property
     def in_graph(self) -> bool:
@@ -257,6 +261,9 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
                  kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)], kernel_pass=kernel_pass)
 
 
+TIMES = ("lead_us", "trail_us", "plain_bracket_us", "timed_bracket_us", "plain_host_us", "timed_host_us")
+
+
 def _kernel_pass(d: Any, where: str) -> KernelPass | None:
     if d is None:
         return None
@@ -265,10 +272,9 @@ def _kernel_pass(d: Any, where: str) -> KernelPass | None:
     if (not isinstance(d, dict) or d.get("timing") not in TIMINGS
             or not {"timing", "jit_calls", "graph_launches"} <= set(d) <= {f.name for f in fields(KernelPass)}
             or not counts(d["jit_calls"]) or not counts(d["graph_launches"])
-            or not all(times(d.get(k)) for k in ("lead_us", "trail_us", "plain_bracket_us", "timed_bracket_us"))):
+            or not all(times(d.get(k)) for k in TIMES)):
         raise BadInput(f"{where}: 'kernel_pass' must be null or {{timing: one of {', '.join(TIMINGS)}, "
-                       f"jit_calls: [counts], graph_launches: [counts], lead_us, trail_us, plain_bracket_us, "
-                       f"timed_bracket_us: [µs] or null}}")
+                       f"jit_calls: [counts], graph_launches: [counts], {', '.join(TIMES)}: [µs] or null}}")
     return KernelPass(**d)
 
 
