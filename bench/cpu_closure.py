@@ -1,7 +1,8 @@
-"""Does the CPU account close every time? Measure this machine's launch facts once, then profile and
-account each model RUNS times in fresh processes, and record every residual.
+"""Does the CPU account close every time? Profile and account each model RUNS times in fresh processes,
+and record every residual. Launch and sync are measured on each token (the brackets and the host's
+marks), so no launch facts are calibrated first; the target is this machine's measured `host`.
 
-  python bench/cpu_closure.py --runs 3 --tokens 64 --out bench/records/cpu_closure.json
+  python bench/cpu_closure.py --runs 3 --tokens 64 --out bench/records/cpu_closure_brackets.json
 """
 from __future__ import annotations
 
@@ -33,16 +34,6 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="boltbeam-closure-"))
-    targets = tmp / "host.toml"
-    failed_calibrations = []   # a machine too noisy to fit the launch line says so; try again, up to 3 times
-    for _ in range(3):
-        done = run("measure-target", "--launch", "--name", "host-measured", "--size-mb", "256", "--reps", "7",
-                   "--out", str(tmp / "measure.json"))
-        if done.returncode == 0:
-            break
-        failed_calibrations.append(done.stderr.strip())
-    assert done.returncode == 0, done.stderr
-    targets.write_text(done.stdout)
     tiny = tmp / "tiny.gguf"
     write(tiny, "qwen3", shape_from("tiny"), "q4_k_m")
     models = {"tiny synthetic (qwen3, q4_k_m)": (str(tiny), "8"), "embedded SmolLM2-135M Q4_1": (default_model(), "4")}
@@ -53,21 +44,19 @@ def main() -> None:
             p = run("profile", model, "--device", "CPU", "--context", context, "--tokens", str(args.tokens),
                     "--no-hash", "--out", str(trace))
             assert p.returncode == 0, p.stderr
-            a = run("account", str(trace), "--model", model, "--target", "host-measured", "--targets", str(targets),
-                    "--no-hash-check", "--json")
+            a = run("account", str(trace), "--model", model, "--target", "host", "--no-hash-check", "--json")
             d = json.loads(a.stdout)
             results.append({"model": name, "run": i, "exit": a.returncode, "closed": d["closed"],
                             "wall_us": d["wall_us"], "residual_us": d["residual_us"],
                             "residual_fraction": d["residual_fraction"], "timed_wall_us": d["kernel_pass_wall_us"],
                             "outside_span_us": d["outside_span_us"], "lead_us": d["lead_us"], "trail_us": d["trail_us"],
-                            "launch_line_us": sum(x["us"] for x in d["lines"] if x["kind"] == "launch"),
+                            "measured_lines_us": {x["label"]: x["us"] for x in d["lines"] if x["kind"] in ("launch", "timing")},
                             "refusals": d["refusals"]})
             print(f"{name} run {i}: residual {d['residual_fraction']:+.2%} ({'closed' if d['closed'] else 'refused'})")
     record = {"command": " ".join(["bench/cpu_closure.py", *sys.argv[1:]]),
               "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
               "versions": {p: version(p) for p in ("boltbeam", "tinygrad", "gguf")},
-              "failed_calibrations": failed_calibrations, "launch_facts": targets.read_text(), "measure_target": json.loads((tmp / "measure.json").read_text()),
               "results": results,
               "closed": sum(r["closed"] for r in results), "of": len(results)}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

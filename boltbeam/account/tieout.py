@@ -6,8 +6,9 @@ Which figures are independent measurements, and where each comes from:
   kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
                   itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together
-  timing's cost   CUDA events before each token's first kernel launch and after its last, in the
-                  plain tokens and in the timed ones (trace KernelPass brackets): what the timing
+  timing's cost   brackets before each token's first kernel launch and after its last, in the plain
+                  tokens and in the timed ones (CUDA events on CUDA, the device's own stamps on
+                  tinygrad's command-queue devices such as the CPU): what the timing
                   added to the device time, taken back out of the timed kernels' span; counted
                   only where the launch facts were measured the same way (launch_cost.BRACKETED)
   launch and sync where the trace has brackets and the host's marks, measured on the token: the plain
@@ -537,11 +538,11 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
     if tokens.timing_cost:
         us = fmean(tokens.timing_cost)
         cost = Line("timing's cost", "timing", -us, "timing",
-                    f"the timed tokens' launches took {_us(us)} longer on the device than the plain tokens' (CUDA "
-                    f"events before the first launch and after the last, {len(tokens.timing_cost)} pair(s)): what "
+                    f"the timed tokens' launches took {_us(us)} longer on the device than the plain tokens' "
+                    f"(brackets before the first launch and after the last, {len(tokens.timing_cost)} pair(s)): what "
                     f"the timing added inside the span, taken back out")
-    # Measured on the token where the timing's own cost is measured apart too (brackets); elsewhere (the
-    # CPU's timestamps) the launch facts, which are net of that cost, bridge the plain and timed tokens.
+    # Measured on the token where the timing's own cost is measured apart too (brackets); elsewhere (older
+    # traces) the launch facts, which are net of that cost unless BRACKETED, bridge plain and timed tokens.
     host = _host_lines(tokens) if cost else []
     if host:
         overheads += host + ([cost] if cost else [])
@@ -552,10 +553,10 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
     if cost and bracketed:
         overheads.append(cost)
     elif tokens.timing_cost:
-        notes.append(f"the timing added {_us(fmean(tokens.timing_cost))} to the device time (CUDA events), but the "
+        notes.append(f"the timing added {_us(fmean(tokens.timing_cost))} to the device time (brackets), but the "
                      f"target's launch facts are net of that cost already: not taken out twice")
     elif bracketed and trace.kernel_pass and trace.kernel_pass.timing == "cupti":
-        notes.append("the trace has no CUDA events around its launches: the timing's cost inside the span, which "
+        notes.append("the trace has no brackets around its launches: the timing's cost inside the span, which "
                      "the target's launch facts leave out, is not measured (it lies in the residual)")
     launch = _launch_line(trace, groups, target, notes)
     if launch:

@@ -13,9 +13,9 @@ the account keeps (trace.kept_pairs); a line over the kernels per token, each po
 precision, gives the cost of a call and of each kernel.
 
 What timing the kernels adds to their span (CUPTI's records on a GPU, tinygrad's timestamps written
-from Python on the CPU) is taken back out where the traces measured it apart: CUDA events around each
-token's launches, plain and timed (KernelPass brackets). The facts are then BRACKETED, and the account
-takes the same cost out of its traces as a line of its own. Where no brackets exist (the CPU), the
+from Python on the CPU) is taken back out where the traces measured it apart: brackets around each
+token's launches, plain and timed (CUDA events, or the device's own stamps). The facts are then
+BRACKETED, and the account takes the same cost out as a line of its own. Where no brackets exist, the
 per-kernel figure stays net of the timing's cost, so it is negative where that costs more than a
 launch: the account counts the plain token against the timed kernels, and the fact bridges them.
 """
@@ -38,7 +38,7 @@ from boltbeam.measure.trace import load, timeline
 # count lies inside the measured range rather than beyond it.
 DEPTHS = (2, 16, 48)
 WIDTHS = (256, 4096)
-BRACKETED = "span less the timing's cost measured by CUDA events"   # a launch fact's method (targets.Fact)
+BRACKETED = "span less the timing's cost measured by brackets"   # a launch fact's method (targets.Fact)
 
 
 def width_for(device: str) -> int:

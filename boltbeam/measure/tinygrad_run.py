@@ -84,7 +84,7 @@ class _CudaEvents:
         return round(ms.value * 1e6)
 
 
-class _Bracket:
+class _CudaBracket:
     """Two CUDA events on the launch stream: one before a token's first kernel launch, one re-recorded
     after each launch, so they span the device time of the token's kernels without CUPTI."""
     def __init__(self):
@@ -105,6 +105,31 @@ class _Bracket:
         ms = ctypes.c_float()
         self.cuda.cuEventElapsedTime(ctypes.byref(ms), *self.events)
         return ms.value * 1e3
+
+
+class _HcqBracket:
+    """The same on tinygrad's command-queue devices (the CPU and others): two signals the device stamps
+    with its own clock when it reaches them, after everything submitted before."""
+    def __init__(self, device: str):
+        self.device, self.signals = device, []
+
+    def _stamp(self, signal):
+        d = self.dev
+        d.hw_compute_queue_t().wait(d.timeline_signal, d.timeline_value - 1).timestamp(signal) \
+            .signal(d.timeline_signal, d.next_timeline()).submit(d)
+
+    def first(self):
+        if not self.signals:   # created on first use, once tinygrad has opened the device
+            from tinygrad import Device
+            self.dev = Device[self.device]
+            self.signals = [self.dev.new_signal(), self.dev.new_signal()]
+        self._stamp(self.signals[0])
+
+    def last(self):
+        self._stamp(self.signals[1])
+
+    def elapsed_us(self) -> float:
+        return float(self.signals[1].timestamp - self.signals[0].timestamp)   # tinygrad's µs
 
 
 @dataclass
@@ -136,17 +161,17 @@ class Recorder:
     jit_calls: int = 0
     events: _CudaEvents | None = None
     # Every token, plain and timed: the clock read at its first kernel launch (the host's part before it),
-    # and with CUPTI timing CUDA events before that launch and after its last, so the device time CUPTI
-    # adds is measured apart from CUPTI's own records
+    # and brackets before that launch and after its last (CUDA events with CUPTI timing, the device's own
+    # stamps on command-queue devices), so the device time the timing adds is measured apart from it
     clock: Callable[[], int] = time.perf_counter_ns
     opened_ns: int | None = None
-    brackets: _Bracket | None = None
+    brackets: _CudaBracket | _HcqBracket | None = None
 
     def __post_init__(self):
         if self.timing == "launch":
             self.events = _CudaEvents()
-        if self.timing == "cupti":
-            self.brackets = _Bracket()
+        if self.brackets is None and self.timing in ("cupti", "hcq"):
+            self.brackets = _CudaBracket() if self.timing == "cupti" else _HcqBracket(self.device)
 
     @contextlib.contextmanager
     def install(self):
@@ -494,7 +519,7 @@ class _TimedToken:
     calls: list[Call]
     jit_calls: int
     marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
-    bracket_us: float | None = None           # CUDA events around its launches (Recorder.brackets)
+    bracket_us: float | None = None           # the brackets around its launches (Recorder.brackets)
     host_us: float | None = None              # its start to its first kernel launch, on the host
     timeline: Timed = field(default_factory=list)
 

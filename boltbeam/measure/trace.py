@@ -63,7 +63,7 @@ class KernelPass:
     # host mark, on the timing's own clock (null where host and device clocks differ)
     lead_us: list[float] | None = None
     trail_us: list[float] | None = None
-    # CUDA events before each token's first kernel launch and after its last, per plain token and per
+    # Brackets (CUDA events, or the device's own stamps) before each token's first kernel launch and after its last, per plain token and per
     # measured token: what the timing itself adds to the device time, measured apart from it
     plain_bracket_us: list[float] | None = None
     timed_bracket_us: list[float] | None = None
