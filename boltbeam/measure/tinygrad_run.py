@@ -1,16 +1,16 @@
 """The tinygrad adapter: decode through tinygrad's own model code and write one trace.
 
 Plain tokens and timed tokens over one loaded model:
-  - plain: the JIT with its graphs, as users run it, nothing recording but two marks: the host's
-    clock at the token's first kernel launch, and on CUDA an event before that launch and after the
-    last (a few µs of host work); each token's wall.
+  - plain: the JIT with its graphs, as users run it, nothing recording but marks: the host's clock at
+    the token's first kernel launch, and brackets before that launch and after each one (CUDA events,
+    a few µs of host work; on the CPU the device's own stamps, ~25 µs each); each token's wall.
   - timed: every kernel recorded (name, launch dimensions, opts, tinygrad's own estimates, the buffers
     it touches) with its time on the device timeline of the graph replay itself: CUPTI records on
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
     JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
     by one instead, where no in-graph timing can be had, and the trace says so.
   Per timed token the trace also keeps the JIT replays and graph launches the host made, and per
-  token (plain and timed) the host's time before its first launch and the events' bracket: the
+  token (plain and timed) the host's time before its first launch and its bracket: the
   account counts launch and synchronization cost on them.
 Weights stay views of the GGUF file's buffer, so a view's offset is a tensor's data offset in the
 file: that maps each kernel to the tensors it reads, and so to roles. A kernel that reads no weight
@@ -88,23 +88,18 @@ class _CudaBracket:
     """Two CUDA events on the launch stream: one before a token's first kernel launch, one re-recorded
     after each launch, so they span the device time of the token's kernels without CUPTI."""
     def __init__(self):
-        self.events: list = []
+        self.events = _CudaEvents()   # a pool of two, created on first use
 
     def first(self):
-        if not self.events:   # created on first use, once tinygrad has opened the device
-            from tinygrad.runtime.autogen import cuda
-            self.cuda, self.events = cuda, [cuda.CUevent(), cuda.CUevent()]
-            for ev in self.events:
-                cuda.cuEventCreate(ctypes.byref(ev), 0)
-        self.cuda.cuEventRecord(self.events[0], None)
+        self.events.used = 0
+        self.start = self.events.record()
 
     def last(self):
-        self.cuda.cuEventRecord(self.events[1], None)
+        self.events.used = 1
+        self.end = self.events.record()
 
     def elapsed_us(self) -> float:
-        ms = ctypes.c_float()
-        self.cuda.cuEventElapsedTime(ctypes.byref(ms), *self.events)
-        return ms.value * 1e3
+        return self.events.elapsed_ns(self.start, self.end) / 1e3
 
 
 class _HcqBracket:
@@ -697,7 +692,7 @@ class _Run:
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
         marked = all(t.marks_ns for t in timed)
-        bracketed = self.plain_brackets and None not in self.plain_brackets and all(t.bracket_us for t in timed)
+        bracketed = self.plain_brackets and None not in self.plain_brackets and all(t.bracket_us is not None for t in timed)
         hosted = self.plain_hosts and None not in self.plain_hosts and all(t.host_us is not None for t in timed)
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
