@@ -259,6 +259,14 @@ print(json.dumps(out))
 """
 
 
+def test_only_a_command_queue_device_gets_the_devices_own_stamps():
+    """tinygrad's PYTHON device has no command queues: it gets no brackets (rather than a crash in the
+    hot path), where the CPU gets them."""
+    from boltbeam.measure.tinygrad_run import Recorder, _HcqBracket
+    assert isinstance(Recorder("CPU", "hcq").brackets, _HcqBracket)
+    assert Recorder("PYTHON", "hcq").brackets is None
+
+
 def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
     """The recorder's CUDA-event brackets, with a stand-in for the events on CPU: opened once a token, at its
     first kernel launch (the host's clock read there too), re-closed after every launch (so the last launch

@@ -108,6 +108,13 @@ class _HcqBracket:
     def __init__(self, device: str):
         self.device, self.signals = device, []
 
+    @staticmethod
+    def serves(device: str) -> bool:
+        """A device with tinygrad's command queues (an opened one: this asks tinygrad for it)."""
+        from tinygrad import Device
+        from tinygrad.runtime.support.hcq import HCQCompiled
+        return isinstance(Device[device], HCQCompiled)
+
     def _stamp(self, signal):
         d = self.dev
         d.hw_compute_queue_t().wait(d.timeline_signal, d.timeline_value - 1).timestamp(signal) \
@@ -165,8 +172,10 @@ class Recorder:
     def __post_init__(self):
         if self.timing == "launch":
             self.events = _CudaEvents()
-        if self.brackets is None and self.timing in ("cupti", "hcq"):
-            self.brackets = _CudaBracket() if self.timing == "cupti" else _HcqBracket(self.device)
+        if self.brackets is None and self.timing == "cupti":
+            self.brackets = _CudaBracket()
+        elif self.brackets is None and self.timing == "hcq" and _HcqBracket.serves(self.device):
+            self.brackets = _HcqBracket(self.device)
 
     @contextlib.contextmanager
     def install(self):
