@@ -461,3 +461,26 @@ def test_a_full_disk_is_one_line_and_the_chain_holds(tmp_path: Path, capsys, mon
     monkeypatch.undo()
     with Ledger(path, create=False) as ledger:
         assert ledger.verify().ok and [e.candidate for e in ledger.entries()] == ["c"]
+
+
+def test_a_lock_refused_while_setting_up_is_waited_out(path: Path, monkeypatch):
+    """SQLite may refuse a set-up lock at once instead of waiting (switching to WAL while another
+    process creates the file): the ledger tries again until its busy timeout; any other failure to open
+    is one line, and the file is not called a stranger's."""
+    from boltbeam.ledger import store
+    real, refusals = store.Ledger._open, []
+
+    def refused_twice(self, create):
+        if len(refusals) < 2:
+            refusals.append(1)
+            raise sqlite3.OperationalError("database is locked")
+        return real(self, create)
+    monkeypatch.setattr(store.Ledger, "_open", refused_twice)
+    with Ledger(path) as ledger:
+        assert ledger.entries() == [] and len(refusals) == 2
+
+    def broken(self, create):
+        raise sqlite3.OperationalError("disk I/O error")
+    monkeypatch.setattr(store.Ledger, "_open", broken)
+    with pytest.raises(BadInput, match="cannot open .disk I/O error"):
+        Ledger(path)

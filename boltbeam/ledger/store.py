@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 import urllib.parse
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -182,14 +183,25 @@ class Ledger:
             raise BadInput(f"ledger {self.path}: cannot open ({e})") from None
         except sqlite3.DatabaseError as e:
             raise BadInput(f"ledger {self.path}: not a BoltBeam ledger ({e})") from None
-        try:
-            self._open(create)
-        except sqlite3.DatabaseError as e:
-            self._db.close()
-            raise BadInput(f"ledger {self.path}: not a BoltBeam ledger ({e})") from None
-        except BaseException:
-            self._db.close()
-            raise
+        # Setting up takes locks SQLite may refuse at once rather than wait for (switching to WAL while
+        # another process creates the file): such a refusal is retried until the busy timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._open(create)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" in str(e) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                self._db.close()
+                raise BadInput(f"ledger {self.path}: cannot open ({e})") from None
+            except sqlite3.DatabaseError as e:
+                self._db.close()
+                raise BadInput(f"ledger {self.path}: not a BoltBeam ledger ({e})") from None
+            except BaseException:
+                self._db.close()
+                raise
 
     def _state(self) -> str:
         """What the file is: "ledger", or "empty" (new); anything else is BadInput. Reads only, in one
