@@ -10,7 +10,8 @@ Which figures are independent measurements, and where each comes from:
                   tokens and in the timed ones (CUDA events on CUDA, the device's own stamps on
                   tinygrad's command-queue devices such as the CPU): what the timing
                   added to the device time, taken back out of the timed kernels' span; counted
-                  only where the launch facts were measured the same way (launch_cost.BRACKETED)
+                  with launch and sync measured on the token, or with launch facts measured the
+                  same way (launch_cost.BRACKETED)
   launch and sync where the trace has brackets and the host's marks, measured on the token: the plain
                   tokens' host time from their start to their first kernel launch (host clock),
                   the timed tokens' first launch to first kernel and last kernel to return (the
@@ -538,9 +539,9 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
     if tokens.timing_cost:
         us = fmean(tokens.timing_cost)
         cost = Line("timing's cost", "timing", -us, "timing",
-                    f"the timed tokens' launches took {_us(us)} longer on the device than the plain tokens' "
-                    f"(brackets before the first launch and after the last, {len(tokens.timing_cost)} pair(s)): what "
-                    f"the timing added inside the span, taken back out")
+                    f"the timed tokens' brackets less the plain tokens' ({_us(us)}; brackets before the first "
+                    f"launch and after the last, {len(tokens.timing_cost)} pair(s)): what the timing added inside "
+                    f"the span, taken back out")
     # Measured on the token where the timing's own cost is measured apart too (brackets); elsewhere (older
     # traces) the launch facts, which are net of that cost unless BRACKETED, bridge plain and timed tokens.
     host = _host_lines(tokens) if cost else []
