@@ -517,14 +517,21 @@ def _open(device: str) -> None:
         raise BadInput(f"tinygrad cannot open {device} here ({type(e).__name__}: {e})") from None
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One decoded token as the host saw it."""
+    wall_us: float
+    started_ns: int                 # its start, on the recorder's clock
+    host_us: float | None           # its start to its first kernel launch (None: it launched nothing)
+    bracket_us: float | None        # the brackets around its launches, where the timing keeps them
+
+
 @dataclass
 class _TimedToken:
-    wall_us: float
+    step: _Step
     calls: list[Call]
     jit_calls: int
     marks_ns: tuple[int, int] | None          # host marks before and after, on the timeline's clock
-    bracket_us: float | None = None           # the brackets around its launches (Recorder.brackets)
-    host_us: float | None = None              # its start to its first kernel launch, on the host
     timeline: Timed = field(default_factory=list)
 
     @property
@@ -564,47 +571,36 @@ class _Run:
             for _ in range(warmup - 1):
                 self._next("warm-up")
 
-    def _next(self, stage: str) -> float:
-        """Decode one token; its wall in µs. Also kept: its start on the recorder's clock, the host's time
-        from there to its first kernel launch, and its bracket where the timing keeps one."""
+    def _next(self, stage: str) -> _Step:
+        """Decode one token."""
         self.rec.opened_ns = None
-        self.started_ns = self.rec.clock()
+        started = self.rec.clock()
         t0 = time.perf_counter()
         self.out_tokens.append(next(self.gen))
         wall = (time.perf_counter() - t0) * 1e6
         opened = self.rec.opened_ns
-        self.host_us = None if opened is None else (opened - self.started_ns) / 1e3
-        self.bracket = self.rec.bracket_us()
         self.tick(stage, 1)
-        return wall
-
-    def _plain(self) -> float:
-        wall = self._next("plain")
-        self.plain_hosts.append(self.host_us)
-        self.plain_brackets.append(self.bracket)
-        return wall
+        return _Step(wall, started, None if opened is None else (opened - started) / 1e3, self.rec.bracket_us())
 
     def _timed(self, stage: str) -> _TimedToken:
         """One recorded token, with host marks at its start and after it on the timing's own clock."""
         self.rec.active = True
-        wall = self._next(stage)
+        step = self._next(stage)
         self.rec.active = False
         after = self.rec.clock()
         calls, jit_calls = self.rec.take()
-        return _TimedToken(wall, calls, jit_calls, (self.started_ns, after), self.bracket, self.host_us)
+        return _TimedToken(step, calls, jit_calls, (step.started_ns, after))
 
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
-        self.plain_brackets: list[float | None] = []
-        self.plain_hosts: list[float | None] = []
-        walls, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
+        plain, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
         for t in timed:
             if not t.timeline:
                 raise Refused("adapter-incomplete: tinygrad ran this token's kernels where the recorder could not "
                               "see them (was tinygrad already running in this process before profile?)")
-        return self._trace(walls, timed, _memory(self.device), notes, model_hash)
+        return self._trace(plain, timed, _memory(self.device), notes, model_hash)
 
-    def _hcq(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+    def _hcq(self, where: str) -> tuple[list[_Step], list[_TimedToken], list[str]]:
         """A second decode JIT whose graphs write timestamps; measured tokens alternate between the two
         JITs, so drift on a shared machine falls on both alike."""
         from tinygrad import Context
@@ -615,21 +611,21 @@ class _Run:
         with Context(PROFILE=1, BEAM=self.beam):
             for _ in range(self.warmup):
                 self._next("warm-up")
-        walls, timed = [], []
+        steps, timed = [], []
         for _ in range(self.tokens):
             net.rollout_jit = plain
-            walls.append(self._plain())
+            steps.append(self._next("plain"))
             net.rollout_jit = timed_jit
             t = self._timed("timed")
             t.timeline = hcq_timeline(t.calls, where)   # a graph's timestamps hold only its last replay
             timed.append(t)
         net.rollout_jit = plain
-        return walls, timed, []
+        return steps, timed, []
 
-    def _cupti(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+    def _cupti(self, where: str) -> tuple[list[_Step], list[_TimedToken], list[str]]:
         """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), flushed once."""
         from tinygrad import Context
-        walls = [self._plain() for _ in range(self.tokens)]
+        steps = [self._next("plain") for _ in range(self.tokens)]
         self.cupti.start()
         self.rec.clock = self.cupti.now_ns   # the timed tokens' marks on CUPTI's clock, as their kernels
         with Context(BEAM=self.beam):
@@ -640,13 +636,13 @@ class _Run:
             t.timeline, copies = cupti_timeline(t.calls, records, f"{where}, token {i}")
         notes = [f"{copies} copy(ies) per token are not kernel records: their time lies in the gaps or outside the "
                  f"device span"] if copies else []
-        return walls, timed, notes
+        return steps, timed, notes
 
-    def _launch(self, where: str) -> tuple[list[float], list[_TimedToken], list[str]]:
+    def _launch(self, where: str) -> tuple[list[_Step], list[_TimedToken], list[str]]:
         """Plain tokens, then the JIT captured again without graphs (JIT=2), CUDA events around each launch."""
         from tinygrad import Context, Device
         from tinygrad.engine.jit import TinyJit
-        walls = [self._next("plain") for _ in range(self.tokens)]
+        steps = [self._next("plain") for _ in range(self.tokens)]
         self.net.rollout_jit = TinyJit(self.net.forward)
         timed = []
         with Context(JIT=2, BEAM=self.beam):
@@ -658,7 +654,7 @@ class _Run:
                 Device[self.device].synchronize()
                 t.timeline, t.marks_ns = launch_timeline(t.calls, self.rec.events) if t.calls else [], None
                 timed.append(t)
-        return walls, timed, []
+        return steps, timed, []
 
     route: tuple[str, Route, Any] | None = None   # (path, route, the kernels it applied to) when routed
 
@@ -682,7 +678,7 @@ class _Run:
                 "settings": {"route": path, "family": route.family, "provenance": route.provenance,
                              "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env}}
 
-    def _trace(self, walls: list[float], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
+    def _trace(self, plain: list[_Step], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version
         net, census = self.net, self.census
         kv_bases = _buffer_ids(b.cache_kv for b in net.blk if hasattr(b, "cache_kv"))
@@ -701,8 +697,9 @@ class _Run:
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
         marked = all(t.marks_ns for t in timed)
-        bracketed = self.plain_brackets and None not in self.plain_brackets and all(t.bracket_us is not None for t in timed)
-        hosted = self.plain_hosts and None not in self.plain_hosts and all(t.host_us is not None for t in timed)
+        steps = plain + [t.step for t in timed]
+        bracketed = all(s.bracket_us is not None for s in steps)
+        hosted = marked and all(s.host_us is not None for s in steps)   # beside the timed tokens' lead and trail
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
             workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
@@ -710,16 +707,16 @@ class _Run:
                       if self.rec.timing != "hcq" else None,
                       "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
             route=self._route(),
-            token_wall_us=walls, output_tokens=self.out_tokens, memory=memory,
-            kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
+            token_wall_us=[s.wall_us for s in plain], output_tokens=self.out_tokens, memory=memory,
+            kernel_pass_wall_us=[t.step.wall_us for t in timed], kernels=kernels,
             kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],
                                    [sum(1 for c in t.calls if c.graph is not None) for t in timed],
                                    lead_us=[t.lead_us for t in timed] if marked else None,
                                    trail_us=[t.trail_us for t in timed] if marked else None,
-                                   plain_bracket_us=self.plain_brackets if bracketed else None,
-                                   timed_bracket_us=[t.bracket_us for t in timed] if bracketed else None,
-                                   plain_host_us=self.plain_hosts if hosted else None,
-                                   timed_host_us=[t.host_us for t in timed] if hosted else None),
+                                   plain_bracket_us=[s.bracket_us for s in plain] if bracketed else None,
+                                   timed_bracket_us=[t.step.bracket_us for t in timed] if bracketed else None,
+                                   plain_host_us=[s.host_us for s in plain] if hosted else None,
+                                   timed_host_us=[t.step.host_us for t in timed] if hosted else None),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"

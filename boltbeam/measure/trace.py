@@ -63,8 +63,9 @@ class KernelPass:
     # host mark, on the timing's own clock (null where host and device clocks differ)
     lead_us: list[float] | None = None
     trail_us: list[float] | None = None
-    # Brackets (CUDA events, or the device's own stamps) before each token's first kernel launch and after its last, per plain token and per
-    # measured token: what the timing itself adds to the device time, measured apart from it
+    # Brackets (CUDA events, or the device's own stamps) before each token's first kernel launch and
+    # after its last, per plain token and per measured token: what the timing itself adds to the
+    # device time, measured apart from it
     plain_bracket_us: list[float] | None = None
     timed_bracket_us: list[float] | None = None
     # Per plain token and per measured token: the host's time from the token's start to its first kernel
@@ -261,7 +262,7 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
                  kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)], kernel_pass=kernel_pass)
 
 
-TIMES = ("lead_us", "trail_us", "plain_bracket_us", "timed_bracket_us", "plain_host_us", "timed_host_us")
+TIMES = tuple(f.name for f in fields(KernelPass) if f.name.endswith("_us"))   # its per-token µs lists
 
 
 def _kernel_pass(d: Any, where: str) -> KernelPass | None:
