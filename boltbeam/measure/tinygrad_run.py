@@ -3,7 +3,8 @@
 Plain tokens and timed tokens over one loaded model:
   - plain: the JIT with its graphs, as users run it, nothing recording but marks: the host's clock at
     the token's first kernel launch, and brackets before that launch and after each one (CUDA events,
-    a few µs of host work; on the CPU the device's own stamps, ~25 µs each); each token's wall.
+    whose host cost is not measured yet; on the CPU the device's own stamps, tens of µs each);
+    each token's wall.
   - timed: every kernel recorded (name, launch dimensions, opts, tinygrad's own estimates, the buffers
     it touches) with its time on the device timeline of the graph replay itself: CUPTI records on
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
