@@ -18,6 +18,7 @@ from boltbeam.account.tieout import account
 from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.route import constants, layout
+from boltbeam.search.future import Calibration
 from tests.test_profile import profile
 
 ROWS, COLS = 8, 512
@@ -167,6 +168,16 @@ def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
     assert once.route["label"] == "constants-once + tinygrad-scheduler"
     assert once.route["settings"]["families"]["constants-once"]["applied"] >= 1
     assert not any(k.category == "constant" for k in once.kernels_of_token(0))
+    # What the layout's products reached of the bandwidth, by who wrote them: FutureSight's measured term.
+    from boltbeam.route.choose import measured_fraction
+    host = get_target("host")
+    written = {measured_fraction(str(tmp_path / f), host)[0] for f in ("layout.json", "stacked.json")}
+    assert written == {"tensor_code", "generated_kernel"}
+    assert 0 < measured_fraction(str(tmp_path / "layout.json"), host)[1] < 1   # a CPU's gemv: under its bandwidth
+    with pytest.raises(BadInput, match="ran no layout"):
+        measured_fraction(str(tmp_path / "default.json"), host)
+    assert main(["search-calibrate", "--target", "host", "--json", "--layout-trace", str(tmp_path / "layout.json"),
+                 "--layout-trace", str(tmp_path / "stacked.json")]) == 0
 
 
 def test_bad_layout_flags_and_route_layouts(tiny_model, tmp_path, capsys):
@@ -218,9 +229,17 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     blocks = census.facts.blocks
     assert stacked < separate and separate - stacked >= 2 * blocks
     h200 = get_target("h200")
-    us = {f: choose.predicted_us(*choose.LAYOUT.predicted(census, s, 0), h200) for f, s in zip(flags, choose.settings())}
+    unmeasured, measured = Calibration(), Calibration(bandwidth_fraction={"tensor_code": 0.2, "generated_kernel": 0.3})
+    us = {f: choose.LAYOUT.predicted(census, s, 0, h200, unmeasured).us(h200) for f, s in zip(flags, choose.settings())}
     per_kernel = h200.fact(choose.PER_KERNEL_FACT) * 1e6
     assert us["float16:expanded"] - us["float16:expanded:stacked"] == pytest.approx((separate - stacked) * per_kernel)
+    # Unmeasured, the kernel form ties with the expanded one (the same bytes and products); measured, the
+    # writer that reached more of the bandwidth goes first, by the ratio of the fractions.
+    assert us["float16:kernel"] == us["float16:expanded"]
+    assert set(choose.WRITTEN_BY) == set(layout.FORMS)
+    sight = {f: choose.LAYOUT.predicted(census, s, 0, h200, measured) for f, s in zip(flags, choose.settings())}
+    assert sight["float16:kernel"].memory_us * 0.3 == pytest.approx(sight["float16:expanded"].memory_us * 0.2)
+    assert min(sight, key=lambda f: sight[f].us(h200)) == "float16:kernel:stacked"
     # A scale and an offset per group: float32 ones cost 4 bytes more a group than float16 ones.
     taken = [t for t in census.tensors if layout.values_of(t.format) and len(t.shape) == 2
              and t.role not in (None, "token_embd")]
@@ -236,11 +255,18 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     f = census.facts
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
     assert {s.flag for s in choose.split_settings()} == {f"{c}{st}" for c in (16, 32, 64, 128, 256) for st in ("", ":staged")}
-    nbytes, kernels = choose.split_prediction(census, attention.Split(32), 40)      # 41 positions: 2 chunks of 32
-    assert nbytes == f.blocks * 64 * row
-    staged = choose.split_prediction(census, attention.Split(32, True), 40)
-    assert staged == (nbytes, kernels + 2 * f.blocks)
-    assert choose.split_prediction(census, attention.Split(16), 40)[0] == f.blocks * 48 * row
+    h200, cal = get_target("h200"), Calibration()
+    unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
+    assert unstaged.bytes == f.blocks * 64 * row
+    staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
+    assert (staged.bytes, staged.kernels) == (unstaged.bytes, unstaged.kernels + 2 * f.blocks)
+    assert choose.split_prediction(census, attention.Split(16), 40, h200, cal).bytes == f.blocks * 48 * row
+    # Unstaged, the values are read by the combine, one output per head and dimension; staged, by a
+    # kernel with an output per chunk besides: more in flight (Little's law), so less time moving them.
+    readers = lambda st: [k.outputs for k in attention.scheduled(attention.Split(32, st), f.heads, f.kv_heads,
+                                                                 f.head_dim, 64, 40) if k.reads_cache]
+    assert readers(False)[-1] == f.heads * f.head_dim and readers(True)[-1] == 2 * f.heads * f.head_dim
+    assert "little's law" in staged.terms and staged.memory_us < unstaged.memory_us
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):

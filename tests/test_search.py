@@ -607,7 +607,12 @@ def test_calibration_is_read_from_data():
     assert calibration("no-such-target") == Calibration()                       # the physical defaults
     assert calibration("h200").bytes_in_flight_per_thread >= 1                  # the packaged entry parses
     assert calibration("x", "[x]\nbytes_in_flight_per_thread = 64\nunroll_adds_in_flight = 0\n") == Calibration(64, False)
+    both = "[x]\nbytes_in_flight_per_thread = 64\nunroll_adds_in_flight = 0\n[x.bandwidth_fraction]\n"
+    cal = calibration("x", both + 'tensor_code = 0.25\nsource = "a run"\n')
+    assert cal.fraction("tensor_code") == 0.25 and cal.fraction("generated_kernel") == 1.0
+    assert calibration("h200").fraction("generated_kernel") < 1                 # measured on the H200
     for bad in ("[x]\nbytes_in_flight_per_thread = 0\nunroll_adds_in_flight = 0\n",
+                both + "tensor_code = 1.5\n", both + "hand_written = 0.5\n",
                 "[x]\nbytes_in_flight_per_thread = 8\nunroll_adds_in_flight = 2\n", "[x\n"):
         with pytest.raises(BadInput, match="futuresight.toml"):
             calibration("x", bad)

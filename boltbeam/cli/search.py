@@ -65,9 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Reads searches' summaries and ledgers (pairs: --summary S --ledger L, repeatable), "
                                    "fits the constants that order each kernel's measured settings best (median "
                                    "Spearman within a kernel) on the first pair, checks them on the rest, and prints "
-                                   "the entry for boltbeam/data/futuresight.toml.")
-    p.add_argument("--summary", action="append", required=True, metavar="SEARCH.json")
-    p.add_argument("--ledger", action="append", required=True, metavar="LEDGER")
+                                   "the entry for boltbeam/data/futuresight.toml. With --layout-trace instead: the "
+                                   "fraction of the bandwidth a layout's products reached, by how they are written "
+                                   "(the median over the traces of each).")
+    p.add_argument("--summary", action="append", default=[], metavar="SEARCH.json")
+    p.add_argument("--ledger", action="append", default=[], metavar="LEDGER")
+    p.add_argument("--layout-trace", action="append", default=[], metavar="TRACE.json",
+                   help="a profile of the whole token on a layout (profile --layout), on this target")
     p.add_argument("--target", required=True)
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -299,12 +303,36 @@ def _points(summary_path: str, ledger_path: str, target):
     return out
 
 
+def _calibrate_layout(paths: list[str], target, as_json: bool) -> int:
+    from statistics import median
+
+    from boltbeam.route.choose import measured_fraction
+    by_writer: dict[str, list[float]] = {}
+    for path in paths:
+        writer, fraction = measured_fraction(path, target)
+        by_writer.setdefault(writer, []).append(fraction)
+    result = {"target": target.name, "bandwidth_fraction": {w: round(median(f), 3) for w, f in by_writer.items()},
+              "traces": paths}
+    if as_json:
+        report.print_json(result)
+        return 0
+    report.console().print(f"[{target.name}.bandwidth_fraction]\n" + "\n".join(
+        f"{w} = {f}" for w, f in result["bandwidth_fraction"].items()) + f"\n# from {', '.join(paths)}", markup=False)
+    return 0
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from boltbeam.bound.targets import get_target
     from boltbeam.search.future import fit, within_spearman
     if len(args.summary) != len(args.ledger):
         raise BadInput("give --summary and --ledger in pairs, one of each per search")
     target = get_target(args.target, args.targets)
+    if args.layout_trace:
+        if args.summary:
+            raise BadInput("give --summary and --ledger pairs, or --layout-trace: one fit at a time")
+        return _calibrate_layout(args.layout_trace, target, args.json)
+    if not args.summary:
+        raise BadInput("give --summary and --ledger pairs (kernel settings) or --layout-trace (layout products)")
     pairs = [_points(s, l, target) for s, l in zip(args.summary, args.ledger)]
     cal, rho = fit(pairs[0], target)
     held = [dict(zip(("median_rho", "kernels"), within_spearman(p, target, cal))) for p in pairs[1:]]

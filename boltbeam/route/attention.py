@@ -90,17 +90,29 @@ def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False):
     return out.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
+@dataclass(frozen=True)
+class Scheduled:
+    """One kernel the compiler schedules for a block's decode attention: its output elements, and
+    whether it reads the KV cache."""
+    outputs: int
+    reads_cache: bool
+
+
 @functools.cache
-def kernels_per_block(split: Split) -> int:
-    """Kernels the compiler schedules for one block's decode attention in this setting: its scheduler
-    asked on the CPU about a small cache, nothing run."""
-    from tinygrad import Tensor, UOp
-    total = 8 * split.chunk
-    cache = Tensor.empty(2, 1, 2, total, 16, device="CPU")
-    p = UOp.variable("start_pos", 0, total - 1).bind(3 * split.chunk)
-    q = Tensor.empty(1, 4, 1, 16, device="CPU")
+def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions: int, depth: int) -> tuple[Scheduled, ...]:
+    """The kernels tinygrad's scheduler makes of one block's decode attention in this setting, at these
+    head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run."""
+    from tinygrad import Device, Tensor, UOp
+    from boltbeam.search.compiler import outputs_at
+    total = -(-positions // split.chunk) * split.chunk
+    cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
+    p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
+    q = Tensor.empty(1, heads, 1, head_dim, device="CPU", dtype="half")
     out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged)
-    return len(out.linear_with_vars()[0].src)
+    linear, var_vals = out.linear_with_vars()
+    renderer = Device["CPU"].renderer
+    return tuple(Scheduled(outputs_at(call.src[0], renderer, var_vals), any(b is cache.uop.base for b in call.src[1:]))
+                 for call in linear.src)
 
 
 @contextlib.contextmanager

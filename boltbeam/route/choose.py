@@ -27,14 +27,18 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine, routed_label
-from boltbeam.measure.tinygrad_run import profile_elsewhere
+from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.route import attention
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Setting, stacks, values_of
+from boltbeam.search.future import Calibration, Work, calibration, predict
 from boltbeam.search.space import families
 
 PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
 PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
 KV_BYTES = 2          # a cached key or value element, as the bound counts it (float16)
+# How each form's products are written (future.WRITERS): the compiler's tensor code, or one kernel
+# generated at tinygrad's UOp level.
+WRITTEN_BY = {"expanded": "tensor_code", "factored": "tensor_code", "kernel": "generated_kernel"}
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,23 @@ class WholeToken:
     label: str                                  # what it adds to a trace's route label
     route_key: str                              # the Route field that keeps a setting
     settings: Callable[[], list]                # BubbleBeam: every setting
-    predicted: Callable[[Any, Any, int], tuple[int, int]]   # FutureSight: (census, setting, context) -> bytes, kernels
+    predicted: Callable[[Any, Any, int, Target, Calibration], "Foreseen"]   # FutureSight: (census, setting, context, ...)
     flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
+
+
+@dataclass(frozen=True)
+class Foreseen:
+    """FutureSight's view of one setting: bytes a token reads, kernels it launches, and the time to move
+    those bytes at the rate its kernels can reach (terms: what limited that rate)."""
+    bytes: int
+    kernels: int
+    memory_us: float
+    terms: tuple[str, ...]
+
+    def us(self, target: Target) -> float:
+        """The prediction: moving the bytes, plus the target's measured cost of each kernel."""
+        return self.memory_us + self.kernels * (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
 
 
 @dataclass
@@ -55,6 +73,7 @@ class Candidate:
     predicted_bytes: int
     predicted_kernels: int
     predicted_us: float
+    predicted_terms: tuple[str, ...] = ()
     verdict: str | None = None
     reasons: list[str] = field(default_factory=list)
     median_us: float | None = None
@@ -121,24 +140,55 @@ def predicted_products(census, setting: Setting) -> int:
     return products * (2 if setting.form == "factored" else 1)
 
 
-def split_prediction(census, split: attention.Split, context: int) -> tuple[int, int]:
-    """Cache bytes a decode token at `context` reads by whole chunks, and its attention kernels."""
+def layout_prediction(census, setting: Setting, context: int, target: Target, cal: Calibration) -> Foreseen:
+    """The planes' bytes at the fraction of the bandwidth products written as this form's are measured
+    to reach on the target (the whole bandwidth where that is unmeasured)."""
+    nbytes, writer = predicted_bytes(census, setting), WRITTEN_BY[setting.form]
+    fraction = cal.fraction(writer)
+    return Foreseen(nbytes, predicted_products(census, setting), nbytes / (target.bandwidth * fraction) * 1e6,
+                    ("bandwidth",) if fraction == 1.0 else ("bandwidth", f"{writer} measured at {fraction:.0%} of it"))
+
+
+def split_prediction(census, split: attention.Split, context: int, target: Target, cal: Calibration) -> Foreseen:
+    """The cache a decode token at `context` reads by whole chunks, shared evenly among the kernels the
+    compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
+    a combine that reduces over every position in few outputs keeps few bytes in flight)."""
     f = census.facts
     positions = -(-(context + 1) // split.chunk) * split.chunk
-    return f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES, \
-        f.blocks * attention.kernels_per_block(split)
+    nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES
+    cache = kv_positions(census, context + 1)
+    kernels = attention.scheduled(split, f.heads, f.kv_heads, f.head_dim, cache, context)
+    readers = [k for k in kernels if k.reads_cache]
+    per_reader = nbytes // f.blocks // max(1, len(readers))
+    # A thread an output, in groups of the chip's thread-group width, as the compiler's heuristics place them.
+    grouped = {"local": int(target.fact("thread_group_width") or 1)}
+    sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
+    terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
+    return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
 
 
-LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings,
-                    lambda census, s, context: (predicted_bytes(census, s), predicted_products(census, s)),
+def measured_fraction(path: str, target: Target) -> tuple[str, float]:
+    """How the products of a layout's trace (at `path`) were written, and the fraction of the target's bandwidth they
+    reached: the planes' bytes (each read once a token) over the per-token median of the weight
+    regions' kernel time."""
+    from boltbeam.account.compare import region_times
+    from boltbeam.read.roles import REGIONS
+    trace = tracefile.load(path)
+    layout = trace.route.get("settings", {}).get("families", {}).get(LAYOUT_LABEL)
+    if not layout or layout.get("form") not in WRITTEN_BY or not layout.get("bytes"):
+        raise BadInput(f"trace {path}: ran no layout whose form and bytes it records")
+    times = region_times(trace)
+    us = sum(times[r] for r in REGIONS if r != "norms")
+    if not us > 0:
+        raise BadInput(f"trace {path}: no kernel time on a weight's role")
+    return WRITTEN_BY[layout["form"]], layout["bytes"] / (us * 1e-6) / target.bandwidth
+
+
+LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings, layout_prediction,
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention", split_settings, split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
 WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT)}
-
-
-def predicted_us(nbytes: int, kernels: int, target: Target) -> float:
-    return (nbytes / target.bandwidth + kernels * (target.fact(PER_KERNEL_FACT) or 0.0)) * 1e6
 
 
 def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,
@@ -198,9 +248,10 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         baseline = path, baseline_of(path, sha, device, context, beam, route_on)
     baseline_path, base = baseline
     candidates = []
+    cal = calibration(target.name)
     for s in family.settings():
-        nbytes, kernels = family.predicted(census, s, context)
-        candidates.append(Candidate(s, nbytes, kernels, predicted_us(nbytes, kernels, target)))
+        sight = family.predicted(census, s, context, target, cal)
+        candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms))
     candidates.sort(key=lambda c: c.predicted_us)
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "on": label_of(route_on, beam)}

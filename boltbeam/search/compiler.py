@@ -67,6 +67,15 @@ def _shape(sink, renderer, key: str, name: str) -> KernelShape:
                        outputs=outputs, output_axis=out, reduces=reduces)
 
 
+def outputs_at(ast, renderer, var_vals: dict[str, int]) -> int:
+    """Output elements of a scheduled kernel (its global and loop axes) with its symbolic sizes at `var_vals`."""
+    from tinygrad.codegen.opt.postrange import Scheduler
+    from tinygrad.uop.ops import AxisType, sym_infer
+    k = Scheduler(ast, renderer)
+    k.convert_loop_to_global()
+    return math.prod(max(1, int(sym_infer(k.full_shape[i], var_vals))) for i in k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
+
+
 @contextlib.contextmanager
 def _hooks(sources: dict, shapes: dict):
     """Record, for each program tinygrad builds, the program, its AST and renderer, and the shape

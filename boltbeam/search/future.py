@@ -38,10 +38,21 @@ FIT_BYTES = (4, 8, 16, 32, 64, 128)
 FIT_UNROLL = (True, False)
 
 
+# Who writes the code of a generated family's products: the compiler from tensor code, or BoltBeam at
+# tinygrad's UOp level. The fraction of the bandwidth each reached on a target is measured
+# (`boltbeam search-calibrate --layout-trace`), not derived.
+WRITERS = ("tensor_code", "generated_kernel")
+
+
 @dataclass(frozen=True)
 class Calibration:
     bytes_in_flight_per_thread: int = LOAD_BYTES
     unroll_adds_in_flight: bool = True
+    bandwidth_fraction: dict[str, float] = field(default_factory=dict)   # WRITERS -> measured fraction
+
+    def fraction(self, writer: str) -> float:
+        """The fraction of the bandwidth products written this way reached here (1 where unmeasured)."""
+        return self.bandwidth_fraction.get(writer, 1.0)
 
 
 def calibration(target_name: str, text: str | None = None) -> Calibration:
@@ -57,7 +68,13 @@ def calibration(target_name: str, text: str | None = None) -> Calibration:
     if not isinstance(b, int) or isinstance(b, bool) or b < 1 or u not in (0, 1):
         raise BadInput(f"futuresight.toml: {target_name} needs bytes_in_flight_per_thread >= 1 and "
                        f"unroll_adds_in_flight 0 or 1")
-    return Calibration(b, bool(u))
+    table = entry.get("bandwidth_fraction", {})
+    fractions = {k: v for k, v in table.items() if k not in ("source", "date")} if isinstance(table, dict) else None
+    if not isinstance(fractions, dict) or not all(
+            w in WRITERS and isinstance(v, float) and 0 < v <= 1 for w, v in fractions.items()):
+        raise BadInput(f"futuresight.toml: {target_name}.bandwidth_fraction maps {' or '.join(WRITERS)} "
+                       f"to a fraction in (0, 1]")
+    return Calibration(b, bool(u), dict(fractions))
 
 
 @dataclass(frozen=True)
