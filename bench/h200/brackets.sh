@@ -2,6 +2,9 @@
 # on the searched layout routes, and the launch facts calibrated the same way. After `source bench/h200/setup.sh`:
 #   bash bench/h200/brackets.sh route NAME PROFILE-FLAGS...   boltbeam profile /tmp/m.gguf --device CUDA --context
 #                                                            ${CONTEXT:-512} --tokens ${TOKENS:-24} FLAGS -> $OUT/NAME.json.gz
+#   bash bench/h200/brackets.sh search NAME SEARCH-FLAGS...  boltbeam search /tmp/m.gguf --device CUDA --target h200
+#                                                            --context ${CONTEXT:-512} --tokens ${TOKENS:-24} FLAGS
+#                                                            --ledger /tmp/run/ledger.sqlite -> /tmp/run/NAME/ (packed)
 #   bash bench/h200/brackets.sh launch                       boltbeam measure-target --launch (bracketed facts)
 #   bash bench/h200/brackets.sh pack                         summaries, logs and nvidia-smi -> $OUT/run-$(date).tgz
 # tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back).
@@ -18,6 +21,13 @@ case $1 in
     [ -e "/tmp/run/$name.trace.json" ] && gzip -c "/tmp/run/$name.trace.json" > "$OUT/$name.json.gz"
     echo "$name: rc=$rc wall=$(( $(date +%s) - start )) s; profile $*" | tee -a /tmp/run/stages.txt
     tail -2 "/tmp/run/$name.log" ;;
+  search)
+    name=$2; shift 2
+    timeout "${LIMIT:-500}" python3 -m boltbeam search /tmp/m.gguf --device CUDA --target h200 --context "${CONTEXT:-512}" \
+      --tokens "${TOKENS:-24}" "$@" --ledger /tmp/run/ledger.sqlite --out "/tmp/run/$name" --json \
+      > "/tmp/run/$name.search.json" 2> "/tmp/run/$name.log"
+    echo "$name: rc=$? wall=$(( $(date +%s) - start )) s; search $*" | tee -a /tmp/run/stages.txt
+    tail -3 "/tmp/run/$name.log"; head -c 1500 "/tmp/run/$name.search.json"; echo ;;
   launch)
     timeout "${LIMIT:-300}" python3 -m boltbeam measure-target --launch --name h200-launch --size-mb 1024 --reps 10 \
       --out /tmp/run/measure_target_launch.json > /tmp/run/h200_launch.toml 2> /tmp/run/launch.log
