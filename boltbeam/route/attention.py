@@ -102,14 +102,15 @@ class Scheduled:
 def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions: int, depth: int) -> tuple[Scheduled, ...]:
     """The kernels tinygrad's scheduler makes of one block's decode attention in this setting, at these
     head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run."""
-    from tinygrad import Device, Tensor, UOp
+    from tinygrad import Context, Device, Tensor, UOp
     from boltbeam.search.compiler import outputs_at
     total = -(-positions // split.chunk) * split.chunk
-    cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
-    p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
-    q = Tensor.empty(1, heads, 1, head_dim, device="CPU", dtype="half")
-    out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged)
-    linear, var_vals = out.linear_with_vars()
+    with Context(DEV="CPU"):    # on another default device, the bound position would be a kernel and a copy
+        cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
+        p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
+        q = Tensor.empty(1, heads, 1, head_dim, device="CPU", dtype="half")
+        out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged)
+        linear, var_vals = out.linear_with_vars()
     renderer = Device["CPU"].renderer
     return tuple(Scheduled(outputs_at(call.src[0], renderer, var_vals), any(b is cache.uop.base for b in call.src[1:]))
                  for call in linear.src)

@@ -2,13 +2,19 @@
 its settings should a model run?
 
 BubbleBeam's part: the family's settings from data/spaces.toml (no rule in chip facts, so every
-setting is legal). FutureSight's part: each setting's bytes per token over the target's bandwidth,
-plus the kernels it launches times the target's measured cost a kernel, which orders them; the
-budget keeps the best predicted. The layout reads the values, scales and offsets of every layer it
-takes (a factored gemv's partial sums besides; stacked layers launch one product for several); split
-attention reads the cache in whole chunks, in the kernels the compiler schedules for it (asked on
-the CPU, nothing run). BoltBeam's part: each kept setting runs the whole token in a fresh process,
-on a route (`on`) or on tinygrad's own, with its heuristics or its BEAM search as the baseline ran,
+setting is legal). FutureSight's part: each setting's bytes per token, moved at the rate its kernels
+can reach, plus the kernels it launches times the target's measured cost a kernel, which orders
+them; the budget keeps the best predicted. The layout reads the values, scales and offsets of every
+layer it takes (a factored gemv's partial sums besides; stacked layers launch one product for
+several), at the fraction of the bandwidth products written its way (the compiler's tensor code, or
+one generated kernel) were measured to reach on the target (data/futuresight.toml; the whole of it
+where unmeasured, so two writers then tie). Split attention reads the cache in whole chunks, shared
+among the kernels the compiler schedules to read it (asked on the CPU, nothing run), each predicted
+under Little's law at one output a thread: a combine that reads the values in few outputs keeps
+few bytes in flight, which is what staging avoids.
+
+BoltBeam's part: each kept setting runs the whole token in a fresh process, on a route (`on`) or on
+tinygrad's own, with its heuristics or its BEAM search as the baseline ran,
 the judge holds it against the baseline (greedy tokens, the intended route, faster beyond noise),
 and every verdict, refuted ones included, goes in the ledger with its reason; a setting the ledger
 refuted in the same scope is not run again until its reopen condition holds.
@@ -168,9 +174,9 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
 
 
 def measured_fraction(path: str, target: Target) -> tuple[str, float]:
-    """How the products of a layout's trace (at `path`) were written, and the fraction of the target's bandwidth they
-    reached: the planes' bytes (each read once a token) over the per-token median of the weight
-    regions' kernel time."""
+    """How the products of the layout profiled at `path` were written, and the fraction of the target's
+    bandwidth they reached: the planes' bytes (each read once a token) over the per-token median of
+    the weight regions' kernel time."""
     from boltbeam.account.compare import region_times
     from boltbeam.read.roles import REGIONS
     trace = tracefile.load(path)

@@ -17,7 +17,9 @@ prediction is over REJECT_RATIO times the kernel's best is rejected with that re
 ordered fastest first. Predictions are compared with measurements by rank (Spearman), never trusted
 as times. Its constants (bytes in flight per thread, whether unrolling adds loads in flight) are data:
 data/futuresight.toml per target, fitted to measured settings by `fit` (`boltbeam search-calibrate`);
-a target without an entry gets the physical defaults.
+a target without an entry gets the physical defaults. The same file holds, per target, the
+fraction of the bandwidth a generated family's products reached by who wrote them (WRITERS), which
+the whole-token search (route/choose.py) divides the bandwidth by; unmeasured, the whole of it.
 """
 from __future__ import annotations
 
