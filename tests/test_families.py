@@ -240,6 +240,7 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     sight = {f: choose.LAYOUT.predicted(census, s, 0, h200, measured) for f, s in zip(flags, choose.settings())}
     assert sight["float16:kernel"].memory_us * 0.3 == pytest.approx(sight["float16:expanded"].memory_us * 0.2)
     assert min(sight, key=lambda f: sight[f].us(h200)) == "float16:kernel:stacked"
+    assert (sight["float16:kernel"].fraction, sight["float16:kernel"].terms) == (0.3, ("bandwidth", "measured generated_kernel"))
     # A scale and an offset per group: float32 ones cost 4 bytes more a group than float16 ones.
     taken = [t for t in census.tensors if layout.values_of(t.format) and len(t.shape) == 2
              and t.role not in (None, "token_embd")]

@@ -62,11 +62,13 @@ class WholeToken:
 @dataclass(frozen=True)
 class Foreseen:
     """FutureSight's view of one setting: bytes a token reads, kernels it launches, and the time to move
-    those bytes at the rate its kernels can reach (terms: what limited that rate)."""
+    those bytes at the rate its kernels can reach (terms: what limited that rate; fraction: the measured
+    fraction of the bandwidth it was moved at, 1 where none applies)."""
     bytes: int
     kernels: int
     memory_us: float
     terms: tuple[str, ...]
+    fraction: float = 1.0
 
     def us(self, target: Target) -> float:
         """The prediction: moving the bytes, plus the target's measured cost of each kernel."""
@@ -80,6 +82,7 @@ class Candidate:
     predicted_kernels: int
     predicted_us: float
     predicted_terms: tuple[str, ...] = ()
+    predicted_fraction: float = 1.0
     verdict: str | None = None
     reasons: list[str] = field(default_factory=list)
     median_us: float | None = None
@@ -152,7 +155,7 @@ def layout_prediction(census, setting: Setting, context: int, target: Target, ca
     nbytes, writer = predicted_bytes(census, setting), WRITTEN_BY[setting.form]
     fraction = cal.fraction(writer)
     return Foreseen(nbytes, predicted_products(census, setting), nbytes / (target.bandwidth * fraction) * 1e6,
-                    ("bandwidth",) if fraction == 1.0 else ("bandwidth", f"{writer} measured at {fraction:.0%} of it"))
+                    ("bandwidth",) if fraction == 1.0 else ("bandwidth", f"measured {writer}"), fraction)
 
 
 def split_prediction(census, split: attention.Split, context: int, target: Target, cal: Calibration) -> Foreseen:
@@ -257,7 +260,8 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     cal = calibration(target.name)
     for s in family.settings():
         sight = family.predicted(census, s, context, target, cal)
-        candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms))
+        candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
+                                    sight.fraction))
     candidates.sort(key=lambda c: c.predicted_us)
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "on": label_of(route_on, beam)}
