@@ -63,6 +63,9 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--split-attention", metavar="CHUNK[:staged]", help="decode attention split over the sequence "
                    "in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes each "
                    "chunk's partial results to buffers of their own before the combine")
+    p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES", help="the geometry of the layout's generated "
+                   "kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows a thread, bytes a load; "
+                   "its planes held as 32-bit words (spaces.toml, family gemv)")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -78,10 +81,10 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool, split_attention=None) -> list:
+def families_of(layout, constants_once: bool, split_attention=None, gemv=None) -> list:
     """The generated route families to build on the loaded model, in order; none when switched off."""
     from boltbeam.measure.route import env_off
-    from boltbeam.route import attention, constants, layout as layouts
+    from boltbeam.route import attention, constants, gemv as gemvs, layout as layouts
     if env_off():
         return []
     families = []
@@ -89,6 +92,12 @@ def families_of(layout, constants_once: bool, split_attention=None) -> list:
         def generated_layout(net, census, path):
             return layouts.install(net, census, path, layout)
         families.append(generated_layout)
+    if gemv is not None:
+        if layout is None or layout.form != "kernel":
+            raise BadInput(f"--gemv {gemv.flag} shapes the layout's generated kernel: it needs --layout SCALES:kernel[:stacked]")
+        def geometry(net, census, path):
+            return gemvs.install(net, census, path, gemv)
+        families.append(geometry)
     if constants_once:
         families.append(constants.install)
     if split_attention is not None:
@@ -126,6 +135,18 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
     return Split(**from_route)
 
 
+def gemv_of(flag: str | None, from_route: dict[str, int] | None):
+    """The gemv geometry to give the layout's kernel, from --gemv or the route file; None when off."""
+    from boltbeam.route.gemv import FIELDS, Geometry
+    if flag is not None:
+        return Geometry.parse(flag)
+    if from_route is None:
+        return None
+    if set(from_route) != set(FIELDS):
+        raise BadInput(f"route gemv {from_route}: expected the keys {', '.join(FIELDS)}")
+    return Geometry(**from_route)
+
+
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     # tinygrad reads its device from the environment when first imported.
@@ -134,12 +155,14 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     layout = layout_of(args.layout, route[1].layout if route else None)
     constants = args.constants_once or bool(route and route[1].constants_once)
     split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
+    gemv = gemv_of(args.gemv, route[1].gemv if route else None)
+    prepare = families_of(layout, constants, split, gemv)
     from boltbeam.measure.tinygrad_run import profile
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
-                       prepare=families_of(layout, constants, split), progress=tick)
+                       prepare=prepare, progress=tick)
 
 
 @contextlib.contextmanager
@@ -169,7 +192,7 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
     tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
                      (("beam", 0), ("route", None), ("layout", None), ("constants_once", False),
-                      ("split_attention", None))
+                      ("split_attention", None), ("gemv", None))
                      if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
-WHOLE_TOKEN = ("repacked_layout", "split_attention")   # families whose settings are judged whole (route/choose.py)
+WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv")   # families whose settings are judged whole (route/choose.py)
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
     p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search "
-                   f"(tinygrad_opts: per kernel; {' and '.join(WHOLE_TOKEN)}: generated families, each setting judged "
+                   f"(tinygrad_opts: per kernel; {', '.join(WHOLE_TOKEN)}: generated families, each setting judged "
                    "on the whole token)")
     p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8); "
                    "with a whole-token family, settings judged at most, FutureSight's best first")
@@ -187,7 +187,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     if args.on:
         on = args.on, routes.load(args.on)
         routes.check_applies(on[1], sha, routes.engine(), args.on)
-        check_on(family, *on)
+    check_on(family, *(on or ("none", None)))
     beam = args.beam or (on[1].beam if on else 0)     # as profile runs a route: its BEAM width unless --beam
     baseline = None
     if args.baseline:

@@ -32,12 +32,13 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
-from boltbeam.measure.route import LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine, routed_label
+from boltbeam.measure.route import GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine, routed_label
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
-from boltbeam.route import attention
-from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Setting, stacks, values_of
+from boltbeam.route import attention, gemv
+from boltbeam.route.gemv import Geometry
+from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Planes, Setting, stacks, values_of
 from boltbeam.search.future import Calibration, Work, calibration, predict
-from boltbeam.search.space import families
+from boltbeam.search.space import families, on_target
 
 PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
 PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
@@ -53,10 +54,11 @@ class WholeToken:
     name: str                                   # its table in spaces.toml
     label: str                                  # what it adds to a trace's route label
     route_key: str                              # the Route field that keeps a setting
-    settings: Callable[[], list]                # BubbleBeam: every setting
-    predicted: Callable[[Any, Any, int, Target, Calibration], "Foreseen"]   # FutureSight: (census, setting, context, ...)
+    settings: Callable[[Target], list]          # BubbleBeam: every setting legal on the target
+    predicted: Callable[..., "Foreseen"]        # FutureSight: (census, setting, context, target, calibration, route on)
     flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
+    refuses: Callable[[Route | None], str | None] = lambda on: None   # why a route cannot take the family
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class Choice:
                 "candidates": [{**asdict(c), "setting": c.flag} for c in self.candidates]}
 
 
-def settings() -> list[Setting]:
+def settings(target: Target | None = None) -> list[Setting]:
     """Every setting the layout family declares (BubbleBeam: no rule in chip facts rejects any)."""
     space = families()[FAMILY].parameters
     by_bytes = {b: d for d, b in SCALE_BYTES.items()}
@@ -114,7 +116,7 @@ def settings() -> list[Setting]:
             for b, f, st in itertools.product(space["scale_bytes"], space["form"], space["stacked"])]
 
 
-def split_settings() -> list[attention.Split]:
+def split_settings(target: Target | None = None) -> list[attention.Split]:
     space = families()[attention.SPACE].parameters
     return [attention.Split(c, bool(st)) for c, st in itertools.product(space["chunk"], space["staged"])]
 
@@ -149,7 +151,8 @@ def predicted_products(census, setting: Setting) -> int:
     return products * (2 if setting.form == "factored" else 1)
 
 
-def layout_prediction(census, setting: Setting, context: int, target: Target, cal: Calibration) -> Foreseen:
+def layout_prediction(census, setting: Setting, context: int, target: Target, cal: Calibration,
+                      on: Route | None = None) -> Foreseen:
     """The planes' bytes at the fraction of the bandwidth products written as this form's are measured
     to reach on the target (the whole bandwidth where that is unmeasured)."""
     nbytes, writer = predicted_bytes(census, setting), WRITTEN_BY[setting.form]
@@ -158,7 +161,8 @@ def layout_prediction(census, setting: Setting, context: int, target: Target, ca
                     ("bandwidth",) if fraction == 1.0 else ("bandwidth", f"measured {writer}"), fraction)
 
 
-def split_prediction(census, split: attention.Split, context: int, target: Target, cal: Calibration) -> Foreseen:
+def split_prediction(census, split: attention.Split, context: int, target: Target, cal: Calibration,
+                     on: Route | None = None) -> Foreseen:
     """The cache a decode token at `context` reads by whole chunks, shared evenly among the kernels the
     compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
     a combine that reduces over every position in few outputs keeps few bytes in flight)."""
@@ -174,6 +178,57 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
+
+
+def gemv_settings(target: Target) -> list[Geometry]:
+    """BubbleBeam: the gemv family's settings whose rules hold in the target's facts."""
+    return [Geometry(**s) for s in on_target(families()[gemv.SPACE], target)[0]]
+
+
+def layout_products(census, setting: Setting) -> list[Planes]:
+    """The products one token runs with the layout, as planes without tensors (their shapes and bits):
+    one a layer, or one a stack when the stack is on."""
+    taken = [t for t in census.tensors if _taken(t)]
+    products = []
+    for group in (stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]):
+        v = values_of(group[0].format)
+        products.append(Planes(sum(t.shape[1] for t in group), group[0].shape[0], v.bits, v.group,
+                               None, None, None, None))
+    return products
+
+
+def kernel_layout_needed(on: Route | None) -> str | None:
+    """Why a route cannot take the gemv family: its layout must run the generated kernel."""
+    if on is None or not on.layout or on.layout.get("form") != "kernel":
+        return "the gemv family shapes the layout's generated kernel: search it --on a route whose layout form is kernel"
+    return None
+
+
+def gemv_prediction(census, geometry: Geometry, context: int, target: Target, cal: Calibration,
+                    on: Route | None = None) -> Foreseen:
+    """Each product of the route's layout under Little's law at the geometry's threads, each keeping a
+    load of `load_bytes` in flight; a product the geometry does not divide at the fraction of the
+    bandwidth the compiler's choices for generated kernels were measured to reach."""
+    if why := kernel_layout_needed(on):
+        raise BadInput(why)
+    setting = Setting(**on.layout)
+    word = dataclasses.replace(cal, bytes_in_flight_per_thread=4, unroll_adds_in_flight=True)
+    fraction = cal.fraction(WRITTEN_BY["kernel"])
+    nbytes, us, terms = 0, 0.0, ["bandwidth"]
+    for p in layout_products(census, setting):
+        groups = p.rows * p.cols // p.group
+        b = p.rows * p.cols * p.bits // 8 + groups * 2 * SCALE_BYTES[setting.scale_dtype]
+        nbytes += b
+        if not geometry.divides(p):
+            us += b / (target.bandwidth * fraction) * 1e6
+            terms.append(f"measured {WRITTEN_BY['kernel']}")
+            continue
+        sight = predict(Work(b, 2 * p.rows * p.cols, p.rows),
+                        {"local": geometry.rows_per_group, "group": geometry.lanes_per_row,
+                         "upcast": geometry.rows_per_thread, "unroll": geometry.words_per_load(p)}, target, word)
+        us += sight.us
+        terms += sight.terms
+    return Foreseen(nbytes, 0, us, tuple(dict.fromkeys(terms)))
 
 
 def measured_fraction(path: str, target: Target) -> tuple[str, float]:
@@ -197,7 +252,9 @@ LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings, layout_prediction,
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention", split_settings, split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
-WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT)}
+GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", gemv_settings, gemv_prediction,
+                  lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed)
+WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV)}
 
 
 def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,
@@ -234,10 +291,13 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     return base
 
 
-def check_on(family: WholeToken, path: str, on: Route) -> None:
-    """A route the family's settings can go on: one that does not set the family already."""
-    if getattr(on, family.route_key):
+def check_on(family: WholeToken, path: str, on: Route | None) -> None:
+    """A route the family's settings can go on (None: tinygrad's own): one that does not set the family
+    already, and that the family can build on."""
+    if on is not None and getattr(on, family.route_key):
         raise BadInput(f"route {path} already sets {family.route_key}: search {family.name} on a route without it")
+    if why := family.refuses(on):
+        raise BadInput(why)
 
 
 def choose(family: WholeToken, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
@@ -248,6 +308,13 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
     promoted one wins."""
     path_on, route_on = on if on else ("none", None)
+    cal = calibration(target.name)
+    candidates = []     # FutureSight first: on the CPU, before any token runs
+    for s in family.settings(target):
+        sight = family.predicted(census, s, context, target, cal, route_on)
+        candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
+                                    sight.fraction))
+    candidates.sort(key=lambda c: c.predicted_us)
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
     if baseline is None:
         say("the whole token without the family")
@@ -256,13 +323,6 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
             raise Refused(f"profiling the baseline failed: {failed}")
         baseline = path, baseline_of(path, sha, device, context, beam, route_on)
     baseline_path, base = baseline
-    candidates = []
-    cal = calibration(target.name)
-    for s in family.settings():
-        sight = family.predicted(census, s, context, target, cal)
-        candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
-                                    sight.fraction))
-    candidates.sort(key=lambda c: c.predicted_us)
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "on": label_of(route_on, beam)}
     tried = 0

@@ -36,6 +36,7 @@ SCALE_BYTES = {"float16": 2, "float32": 4}
 FORMS = ("expanded", "factored", "kernel")   # the family's `form` parameter: 0, 1, 2
 STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
 FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
+WORD_BITS = 32                          # the word kernel's load: one 32-bit word of packed values
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,10 @@ class Planes:
     scale: Any           # (rows, cols/group)
     offset: Any | None   # (rows, cols/group), or None: every offset is -zero x scale
     zero: int = 0
+    # low and high held as 32-bit words (float32 views of the same bytes, so tinygrad loads four at once),
+    # and the opts the word kernel takes for one input row (route/gemv.py's geometry; None: the compiler's).
+    words: bool = False
+    opts: tuple | None = None
     # The generated kernel's last (input, product): the layers of a stack ask for the same product,
     # and a custom kernel's fresh output buffer keeps tinygrad from merging the identical requests.
     memo: Any = field(default=None, repr=False, compare=False)
@@ -120,14 +125,28 @@ class Planes:
     def nbytes(self) -> int:
         return sum(t.nbytes() for t in self.tensors())
 
+    def to_words(self) -> None:
+        """Hold low and high as 32-bit words, realized: the same bytes, read four at a time."""
+        from tinygrad import Tensor, dtypes
+        if self.words:
+            return
+        self.low, self.high = (None if t is None else t.bitcast(dtypes.float32).contiguous() for t in (self.low, self.high))
+        Tensor.realize(*self.tensors())
+        self.words, self.memo = True, None
+
+    def _bytes(self, t):
+        from tinygrad import dtypes
+        return t.bitcast(dtypes.uint8) if self.words else t
+
     def values(self):
         """(rows, cols) unsigned values as float32."""
         from tinygrad import dtypes
+        low = self._bytes(self.low)
         if self.bits == 8:
-            return self.low.cast(dtypes.float32)
-        u = _unpack(self.low, 4).reshape(self.rows, self.cols)
+            return low.cast(dtypes.float32)
+        u = _unpack(low, 4).reshape(self.rows, self.cols)
         if self.high is not None:
-            u = u.bitwise_or(_unpack(self.high, self.bits - 4).reshape(self.rows, self.cols).lshift(4))
+            u = u.bitwise_or(_unpack(self._bytes(self.high), self.bits - 4).reshape(self.rows, self.cols).lshift(4))
         return u.cast(dtypes.float32)
 
     def _grouped(self, t):
@@ -168,41 +187,61 @@ class Planes:
         """x (n, cols) -> (n, rows) float32: the factored product as one kernel written at tinygrad's UOp
         level from the planes' description (bits, group, zero point): each group's values times the
         input summed, then scaled once, and the input's sum per group times the offset (or the zero
-        point), both reductions nested in one kernel whose opts tinygrad's heuristics or BEAM choose."""
+        point), both reductions nested in one kernel. Byte planes: its opts are tinygrad's heuristics'
+        or BEAM's. Word planes: each value is shifted out of a 32-bit word, and the geometry, where it
+        divides the shape, sets the opts (route/gemv.py)."""
         from tinygrad import Tensor, UOp, dtypes
         from tinygrad.uop.ops import AxisType, KernelInfo, Ops
         n, groups, high_width = x.shape[0], self.cols // self.group, self.bits - 4
+        reduce = lambda i: UOp.range(*i, AxisType.REDUCE)
 
-        def value(low, high, r, c):
-            """The unsigned value at row r, column c, as the planes store it."""
+        def byte_value(low, high, r, g):
+            """The unsigned values of a group, one byte read per value: (value, the reduction's ranges)."""
+            i = reduce((self.group, 3))
+            c = g * self.group + i
             if self.bits == 8:
-                return low[r, c].cast(dtypes.int)
+                return low[r, c].cast(dtypes.int), c, (i,)
             v = (low[r, c // 2].cast(dtypes.int) >> ((c % 2) * 4)) & 15
             if high is not None:
                 per = 8 // high_width
                 v = v | (((high[r, c // per].cast(dtypes.int) >> ((c % per) * high_width)) & ((1 << high_width) - 1)) << 4)
-            return v
+            return v, c, (i,)
+
+        def word_value(low, high, r, g):
+            """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction)."""
+            per = WORD_BITS // (8 if self.bits == 8 else 4)
+            w, j = reduce((self.group // per, 3)), reduce((per, 4))
+            word = low[r, g * (self.group // per) + w].bitcast(dtypes.uint)
+            v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
+            if high is not None:     # a group's high bits fill whole words (group x high width is a multiple of 32)
+                bit = (w * per + j) * high_width
+                hword = high[r, g * (self.group * high_width // WORD_BITS) + bit // WORD_BITS].bitcast(dtypes.uint)
+                v = v | (((hword >> (bit % WORD_BITS).cast(dtypes.uint)) & ((1 << high_width) - 1)) << 4)
+            return v, g * self.group + w * per + j, (j, w)
 
         def kernel(y, x, low, *rest):
             high = rest[0] if self.high is not None else None
             scale = rest[1 if self.high is not None else 0]
             offset = rest[-1] if self.offset is not None else None
             b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
-            g, i = UOp.range(groups, 2, AxisType.REDUCE), UOp.range(self.group, 3, AxisType.REDUCE)
-            c = g * self.group + i
+            g = reduce((groups, 2))
+            v, c, inner_ranges = (word_value if self.words else byte_value)(low, high, r, g)
             xv = x[b, c]
-            inner = (value(low, high, r, c).cast(dtypes.float) * xv).reduce(i, arg=Ops.ADD)
+            inner = (v.cast(dtypes.float) * xv).reduce(*inner_ranges, arg=Ops.ADD)
             s = scale[r, g].cast(dtypes.float)
             term = inner * s
             if offset is not None or self.zero:
-                xsum = xv.reduce(i, arg=Ops.ADD)
+                xsum = xv.reduce(*inner_ranges, arg=Ops.ADD)
                 term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
-            return y[b, r].store(term.reduce(g, arg=Ops.ADD)).end(b, r).sink(arg=KernelInfo(name=f"gemv_planes_{self.bits}"))
+            opts = self.opts if self.words and n == 1 else None
+            name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}"
+            return y[b, r].store(term.reduce(g, arg=Ops.ADD)).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
 
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
         ins = [x.float(), self.low, *([self.high] if self.high is not None else []), self.scale,
                *([self.offset] if self.offset is not None else [])]
         return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
+
 
 def _unpack(packed, width: int):
     """The inverse of _pack: (..., n) bytes -> (..., n, 8/width) values, the lowest bits first."""
@@ -304,8 +343,9 @@ class LayoutLinear:
     stacked with others, its rows of the stack's product. Each layer of a stack builds the same lazy
     product for the same input, and tinygrad keeps one copy of identical graphs, so a block
     multiplies its input by the whole stack once (a layer given another input gets its own product)."""
-    def __init__(self, planes: Planes, bias, form: str, rows: slice | None = None):
+    def __init__(self, planes: Planes, bias, form: str, rows: slice | None = None, entries: tuple = ()):
         self.planes, self.bias, self.form, self.rows = planes, bias, form, rows
+        self.entries = entries      # the GGUF tensors the planes hold (a stack's: every layer's)
 
     def __call__(self, x):
         y = self.planes.gemv(x, self.form)
@@ -340,6 +380,12 @@ def stacked(parts: list[Planes]) -> Planes:
 def _stack_key(p: Planes) -> tuple:
     """Planes stack only with planes of the same shape of storage and the same zero point."""
     return p.cols, p.bits, p.group, p.high is None, p.offset is None, p.zero, p.scale.dtype
+
+
+def layers(net, census) -> list[LayoutLinear]:
+    """The layout's layers in the loaded model, found where the census's tensors load."""
+    found = [_module(net, "output" if t.tied else t.name.removesuffix(".weight")) for t in census.tensors]
+    return [f[2] for f in found if f is not None and isinstance(f[2], LayoutLinear)]
 
 
 def _module(net, path: str):
@@ -417,7 +463,7 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
             start = 0
             for b in parts:
                 rows = slice(start, start + b.planes.rows) if len(parts) > 1 else None
-                b.swap(LayoutLinear(planes, b.bias, setting.form, rows))
+                b.swap(LayoutLinear(planes, b.bias, setting.form, rows, tuple(x.entry for x in parts)))
                 start, b.planes = start + b.planes.rows, planes     # the separate planes can go
             for p in planes.tensors():
                 placed[id(p.uop.base.buffer.base)] = tuple(b.entry for b in parts)

@@ -33,7 +33,7 @@ class Rule:
     op: str
     fact: str
     why: str
-    needs: tuple[str, ...]      # the parameters that need the fact: held at 1 on a target without it
+    needs: tuple[str, ...]      # the parameters that need the fact: held at 1 on a target without it (none: every setting)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def searchable(name: str, known: dict[str, Family] | None = None) -> Family:
 
 
 def _rule_breaks(rule: Rule, setting: dict[str, int], fam: Family, target: Target) -> str | None:
-    if all(setting.get(p, 1) == 1 for p in rule.needs):
+    if rule.needs and all(setting.get(p, 1) == 1 for p in rule.needs):
         return None
     named = {n: setting[n] if n in setting else fam.constants.get(n, target.fact(n)) for n in rule.product}
     missing = [n for n, v in {**named, rule.fact: target.fact(rule.fact)}.items() if v is None]
@@ -181,6 +181,20 @@ def _shape_breaks(setting: dict[str, int], kernel: KernelShape) -> str | None:
         if lengths[axis] % math.prod(setting[p] for p, a in placed.items() if a == axis):
             return "does not divide the reduce axis"
     return None
+
+
+def on_target(fam: Family, target: Target) -> tuple[list[dict[str, int]], Counter]:
+    """Every setting of a family whose rules hold on the target, and the rejected counted by reason
+    (a family whose settings fit each shape themselves: no kernel asked)."""
+    names, legal, rejected = list(fam.parameters), [], Counter()
+    for values in itertools.product(*(fam.parameters[n] for n in names)):
+        setting = dict(zip(names, values))
+        reason = next((why for r in fam.rules if (why := _rule_breaks(r, setting, fam, target))), None)
+        if reason:
+            rejected[reason] += 1
+        else:
+            legal.append(setting)
+    return legal, rejected
 
 
 def propose(kernel: KernelShape, fam: Family, target: Target) -> Space:

@@ -1,0 +1,111 @@
+"""The gemv geometry: how the generated layout's word kernel spreads a product over the chip's threads.
+
+The layout's kernel form (route/layout.py) reads packed values from planes. This family holds those
+planes as 32-bit words (float32 views of the same bytes: tinygrad folds four float loads into one
+16-byte load, which it does for no integer type) and gives each product the geometry of one setting
+of spaces.toml's `gemv` family, as tinygrad's own opts on the kernel, never BEAM's:
+
+  rows_per_group    output rows one thread group takes (LOCAL on the rows)
+  lanes_per_row     threads that split one row's groups, combined in local memory (GROUP on the groups:
+                    neighbouring threads read neighbouring groups, so their loads coalesce)
+  rows_per_thread   rows one thread sums, reading each input value once for all of them (UPCAST)
+  load_bytes        bytes of packed values one load takes: 4, 8 or 16 (UNROLL on a group's words; a
+                    group holding fewer words takes them all)
+
+A product whose rows or groups a setting does not divide keeps the compiler's choice for its kernel,
+and the family says how many did. Products are found by what they are (the layout's own layers in the
+kernel form), never by a model's names.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from boltbeam.errors import BadInput
+from boltbeam.measure.route import GEMV_LABEL
+from boltbeam.measure.tinygrad_run import Prepared
+
+FAMILY = GEMV_LABEL
+SPACE = "gemv"                     # its knobs' values and rules: data/spaces.toml
+FIELDS = ("lanes_per_row", "rows_per_group", "rows_per_thread", "load_bytes")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    lanes_per_row: int
+    rows_per_group: int
+    rows_per_thread: int
+    load_bytes: int
+
+    def __post_init__(self):
+        from boltbeam.search.space import families
+        space = families()[SPACE].parameters
+        bad = [f for f in FIELDS if not (isinstance(getattr(self, f), int) and not isinstance(getattr(self, f), bool)
+                                         and getattr(self, f) in space[f])]
+        if bad:
+            raise BadInput(f"gemv geometry {self.flag}: " + "; ".join(
+                f"{f} must be one of {', '.join(map(str, space[f]))}" for f in bad) + f" (spaces.toml, family {SPACE})")
+
+    @property
+    def flag(self) -> str:
+        return ":".join(str(getattr(self, f)) for f in FIELDS)
+
+    @classmethod
+    def parse(cls, flag: str) -> "Geometry":
+        """LANES:ROWS:PER_THREAD:LOAD_BYTES (profile --gemv)."""
+        parts = flag.split(":")
+        if len(parts) != len(FIELDS) or not all(p.isdigit() for p in parts):
+            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in FIELDS)}, e.g. 8:4:2:16")
+        return cls(*map(int, parts))
+
+    def words_per_load(self, planes) -> int:
+        """Words of packed values one load takes: load_bytes, at most a group's."""
+        per = 4 if planes.bits == 8 else 8
+        return min(self.load_bytes // 4, planes.group // per)
+
+    def divides(self, planes, n: int = 1) -> bool:
+        """The setting fits this product's shape: one input row, rows and groups split whole."""
+        return (n == 1 and planes.rows % (self.rows_per_group * self.rows_per_thread) == 0
+                and (planes.cols // planes.group) % self.lanes_per_row == 0)
+
+    def opts(self, planes, n: int = 1, has_local: bool = True) -> tuple | None:
+        """tinygrad's opts for the word kernel of these planes (its reductions: groups 0, words 1,
+        values of a word 2; its output: rows 0), or None where the setting does not fit the shape. A
+        device without thread groups (a CPU) takes the loads and the rows a thread sums, not the threads."""
+        from tinygrad.codegen.opt import Opt, OptOps
+        if not self.divides(planes, n):
+            return None
+        per = 4 if planes.bits == 8 else 8
+        wanted = ((OptOps.UNROLL, 2, per), (OptOps.UNROLL, 1, self.words_per_load(planes)),
+                  (OptOps.LOCAL, 0, self.rows_per_group if has_local else 1), (OptOps.UPCAST, 0, self.rows_per_thread),
+                  (OptOps.GROUP, 0, self.lanes_per_row if has_local else 1))
+        return tuple(Opt(op, axis, arg) for op, axis, arg in wanted if arg > 1)
+
+
+def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
+    """Turn the planes of every kernel-form layout layer into words and give their kernel the geometry."""
+    import time
+
+    from tinygrad import Device
+
+    from boltbeam.route.layout import layers
+    t0 = time.perf_counter()
+    kernel = [m for m in layers(net, census) if m.form == "kernel"]
+    if not kernel:
+        raise BadInput(f"model {model_path}: --gemv shapes the layout's generated kernel; run it with --layout "
+                       f"SCALES:kernel[:stacked] (no layer runs the kernel form)")
+    planes = {id(m.planes): m for m in kernel}
+    prepared = Prepared(FAMILY, asdict(geometry), eligible=len(planes))
+    for m in planes.values():
+        p = m.planes
+        p.to_words()
+        p.opts = geometry.opts(p, 1, Device[p.low.device].renderer.has_local)
+        prepared.applied += geometry.divides(p)
+        prepared.bytes += p.nbytes
+        for t in (p.low, p.high):
+            if t is not None:
+                prepared.placed[id(t.uop.base.buffer.base)] = m.entries
+    if prepared.applied < prepared.eligible:
+        prepared.notes.append(f"{prepared.eligible - prepared.applied} of {prepared.eligible} products: rows or groups "
+                              f"the geometry does not divide; their kernels keep the compiler's choice")
+    prepared.seconds = time.perf_counter() - t0
+    return prepared
