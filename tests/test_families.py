@@ -212,11 +212,14 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
 def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     from boltbeam.route import choose
     census = take_census(tiny_model)
-    flags = [s.flag for s in choose.settings()]
+    h200 = get_target("h200")
+    every, rejected = choose.LAYOUT.space(h200)      # no rule in chip facts: every setting is legal
+    flags = [s.flag for s in every]
+    assert not rejected
     assert sorted(flags) == sorted(f"{d}:{f}{st}" for d in ("float16", "float32") for f in ("expanded", "factored", "kernel")
                                    for st in ("", ":stacked"))
     assert [layout.Setting.parse(f).flag for f in flags] == flags
-    b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, choose.settings())}
+    b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, every)}
     assert b["float16:expanded"] < b["float32:expanded"] < b["float32:factored"]
     assert b["float16:expanded"] < b["float16:factored"] and b["float16:expanded"] == b["float16:expanded:stacked"]
     assert b["float16:kernel"] == b["float16:expanded"]      # the generated kernel writes no partial sums
@@ -228,16 +231,15 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
                          for st in layout.STACKS)
     blocks = census.facts.blocks
     assert stacked < separate and separate - stacked >= 2 * blocks
-    h200 = get_target("h200")
     unmeasured, measured = Calibration(), Calibration(bandwidth_fraction={"tensor_code": 0.2, "generated_kernel": 0.3})
-    us = {f: choose.LAYOUT.predicted(census, s, 0, h200, unmeasured).us(h200) for f, s in zip(flags, choose.settings())}
+    us = {f: choose.LAYOUT.predicted(census, s, 0, h200, unmeasured).us(h200) for f, s in zip(flags, every)}
     per_kernel = h200.fact(choose.PER_KERNEL_FACT) * 1e6
     assert us["float16:expanded"] - us["float16:expanded:stacked"] == pytest.approx((separate - stacked) * per_kernel)
     # Unmeasured, the kernel form ties with the expanded one (the same bytes and products); measured, the
     # writer that reached more of the bandwidth goes first, by the ratio of the fractions.
     assert us["float16:kernel"] == us["float16:expanded"]
     assert set(choose.WRITTEN_BY) == set(layout.FORMS)
-    sight = {f: choose.LAYOUT.predicted(census, s, 0, h200, measured) for f, s in zip(flags, choose.settings())}
+    sight = {f: choose.LAYOUT.predicted(census, s, 0, h200, measured) for f, s in zip(flags, every)}
     assert sight["float16:kernel"].memory_us * 0.3 == pytest.approx(sight["float16:expanded"].memory_us * 0.2)
     assert min(sight, key=lambda f: sight[f].us(h200)) == "float16:kernel:stacked"
     assert (sight["float16:kernel"].fraction, sight["float16:kernel"].terms) == (0.3, ("bandwidth", "measured generated_kernel"))
@@ -255,8 +257,9 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     census = take_census(tiny_model)
     f = census.facts
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
-    assert {s.flag for s in choose.split_settings()} == {f"{c}{st}" for c in (16, 32, 64, 128, 256) for st in ("", ":staged")}
     h200, cal = get_target("h200"), Calibration()
+    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}" for c in (16, 32, 64, 128, 256)
+                                                             for st in ("", ":staged")}
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)

@@ -209,8 +209,10 @@ def test_only_tinygrad_opts_families_are_searched_per_kernel():
     with pytest.raises(BadInput, match="expressed by generated-layout"):
         searchable("split_attention")     # built at load by profile --split-attention
     assert FAM.parameters["local"] == (1, 2, 4, 8, 16, 32, 64, 128) and FAM.expressed_by == "tinygrad-opts"
+    with pytest.raises(BadInput, match="expressed by generated-layout"):
+        searchable("gemv")                # `search --family gemv --on ROUTE` judges it whole
     with pytest.raises(BadInput, match="expressed by generated-route"):
-        searchable("gemv")
+        searchable("flash_attention_tile")   # listed, no generator yet
     with pytest.raises(BadInput) as e:
         searchable("nope")
     assert "unknown family 'nope'" in str(e.value)
@@ -540,7 +542,8 @@ def bare_target(tmp_path) -> str:
 
 @pytest.mark.parametrize("change, message", [
     (["--family", "nope"], "unknown family 'nope'"),
-    (["--family", "gemv"], "expressed by generated-route"),
+    (["--family", "gemv"], "search it --on a route whose layout form is kernel"),
+    (["--family", "flash_attention_tile"], "expressed by generated-route"),
     (["--target", "bare"], "declares none of the facts family tinygrad_opts needs"),
     (["--budget", "0"], "need --budget >= 1"),
     (["--tokens", "4"], "the judge's minimum"),

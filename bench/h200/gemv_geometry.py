@@ -1,16 +1,23 @@
-"""Each product shape of the 8B-shaped Q4_K_M route, its word kernel timed alone at every legal gemv
-geometry (spaces.toml `gemv` on the target's facts), beside FutureSight's prediction, and the byte
-kernel at the opts BEAM chose for it on the searched route (bench/h200/searched), as a yardstick.
+"""Each product shape of the 8B-shaped Q4_K_M route, its word kernel checked and timed alone at every
+legal gemv geometry (spaces.toml `gemv` on the target's facts), beside FutureSight's prediction, and
+the byte kernel at the opts BEAM chose for it on the searched route (bench/h200/searched), as a yardstick.
 
-Calibration data, not a decision: the search judges geometries on the whole token. Timed as tinygrad's
-BEAM times a kernel (its own _time_program, caches emptied before each run), on scratch buffers of the
-kernel's sizes. Run on the device:  DEV=CUDA python bench/h200/gemv_geometry.py OUT.json [REPS]
+Calibration data, not a decision: the search judges geometries on the whole token. Each geometry's
+product is first checked on the device against the planes' weights times the input (tensor code),
+on random planes; a geometry that computes anything else is reported and not timed. Timed as
+tinygrad's BEAM times a kernel (its own _time_program, caches emptied before each run), on scratch
+buffers of the kernel's sizes filled with random bytes (never zeros). Run on the device:
+
+    DEV=CUDA python bench/h200/gemv_geometry.py OUT.json [REPS] [SHRINK]
+
+SHRINK divides every shape's rows (a quick run on a CPU to check the script: DEV=CPU ... 5 64).
 """
 import json
 import sys
 import time
 from statistics import median
 
+import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.codegen.opt import KernelOptError, Opt, OptOps
 from tinygrad.codegen.opt.postrange import bufs_from_ast
@@ -20,12 +27,12 @@ from tinygrad.engine import realize
 import tinygrad.codegen as codegen
 from boltbeam.bound.targets import get_target
 from boltbeam.measure.route import with_opts
-from boltbeam.route.choose import gemv_settings
+from boltbeam.route.choose import GEMV, geometry_sight
 from boltbeam.route.layout import Planes
-from boltbeam.search.future import Work, calibration, predict, rank_correlation
-from scipy.stats import spearmanr   # noqa: F401  (rank_correlation's, imported early: a missing scipy fails first)
+from boltbeam.search.future import calibration, rank_correlation
 
 SECONDS_PER_SHAPE = 30    # then the rest of FutureSight's order goes untimed (the output says how many)
+CHECK = 1e-4              # a geometry's product against the planes' weights times the input, relative to its largest
 # (name, rows, cols, bits, group, high, offset, BEAM's opts for the byte kernel on the searched route)
 SHAPES = [
     ("gate+up Q4_K", 24576, 4096, 4, 32, False, True,
@@ -39,15 +46,17 @@ SHAPES = [
 ]
 
 
-def planes(rows, cols, bits, group, high, offset, words):
-    low_bytes = cols if bits == 8 else cols // 2
-    t = lambda n: Tensor.empty(rows, n // 4 if words else n, dtype=dtypes.float32 if words else dtypes.uint8)
-    return Planes(rows, cols, bits, group, t(low_bytes), t(cols * (bits - 4) // 8) if high else None,
-                  Tensor.empty(rows, cols // group, dtype=dtypes.float16),
-                  Tensor.empty(rows, cols // group, dtype=dtypes.float16) if offset else None, words=words)
+def planes(rows, cols, bits, group, high, offset, rng):
+    """Random byte planes of this shape, realized (float16 scales and offsets; Q6_K's zero point 32)."""
+    u8 = lambda n: Tensor(rng.integers(0, 256, (rows, n), dtype=np.uint8))
+    f16 = lambda: Tensor(rng.uniform(-1e-2, 1e-2, (rows, cols // group)).astype(np.float16))
+    p = Planes(rows, cols, bits, group, u8(cols if bits == 8 else cols // 2), u8(cols * (bits - 4) // 8) if high else None,
+               f16(), f16() if offset else None, zero=0 if offset else 1 << (bits - 1))
+    Tensor.realize(*p.tensors())
+    return p
 
 
-def ast_of(p):
+def ast_of(p, x):
     seen = []
     orig = codegen.full_rewrite_to_sink
     def grab(ast, ren, optimize=True):
@@ -56,48 +65,56 @@ def ast_of(p):
         return orig(ast, ren, optimize)
     codegen.full_rewrite_to_sink = grab
     try:
-        p.kernel_product(Tensor.empty(1, p.cols).contiguous()).realize()
+        p.memo = None
+        p.kernel_product(x).realize()
     finally:
         codegen.full_rewrite_to_sink = orig
     return seen[0]
 
 
-def timed(ast, opts, reps):
+def timed(ast, opts, reps, rng):
     ren = Device[Device.DEFAULT].renderer
     try:
         prg = realize.to_program(with_opts(ast, tuple(opts)), ren)
     except (KernelOptError, RuntimeError) as e:
         return str(e).splitlines()[0][:160]
     bufs = [b.ensure_allocated() for b in bufs_from_ast(ast, Device.DEFAULT)]
+    for b in bufs:
+        b.copyin(memoryview(bytearray(rng.bytes(b.nbytes))))
     return [t * 1e6 for t in _time_program(prg, {}, bufs, allow_test_size=False, cnt=reps, clear_l2=True)]
 
 
-def main(out, reps=20):
+def main(out, reps=20, shrink=1):
+    rng = np.random.default_rng(0)
     target = get_target("h200")
     cal = calibration("h200")
-    word_cal = type(cal)(4, True, cal.bandwidth_fraction)
-    geometries = gemv_settings(target)
+    geometries = GEMV.space(target)[0]
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "reps": reps,
-              "device": Device.DEFAULT, "shapes": []}
+              "shrink": shrink, "device": Device.DEFAULT, "shapes": []}
     for name, rows, cols, bits, group, high, offset, beam_opts in SHAPES:
         t0 = time.time()
-        byte_p = planes(rows, cols, bits, group, high, offset, False)
-        yard = timed(ast_of(byte_p), [Opt(OptOps[o], a, g) for o, a, g in beam_opts], reps)
-        word_p = planes(rows, cols, bits, group, high, offset, True)
-        ast = ast_of(word_p)
-        nbytes = sum(t.nbytes() for t in word_p.tensors())
+        rows //= shrink
+        byte_p = planes(rows, cols, bits, group, high, offset, rng)
+        x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
+        want = (x @ byte_p.weights().T).numpy().ravel()
+        yard = timed(ast_of(byte_p, x), [Opt(OptOps[o], a, g) for o, a, g in beam_opts], reps, rng)
+        word_p = Planes(**{**vars(byte_p), "memo": None})
+        word_p.to_words()
+        ast = ast_of(word_p, x)
+        nbytes = word_p.nbytes
+        sights = {g: s for g in geometries if (s := geometry_sight(word_p, nbytes, g, target, cal)) is not None}
         rows_out = []
-        fits = [g for g in geometries if g.opts(word_p) is not None]
-        preds = {g: predict(Work(nbytes, 2 * rows * cols, rows), {"local": g.rows_per_group, "group": g.lanes_per_row,
-                 "upcast": g.rows_per_thread, "unroll": g.words_per_load(word_p)}, target, word_cal) for g in fits}
-        for g in sorted(fits, key=lambda g: preds[g].us):     # FutureSight's order: a cut-off keeps its best
+        for g in sorted(sights, key=lambda g: sights[g].us):     # FutureSight's order: a cut-off keeps its best
             if time.time() - t0 > SECONDS_PER_SHAPE:
                 break
-            pred, got = preds[g], timed(ast, g.opts(word_p), reps)
-            rows_out.append({"geometry": g.flag, "predicted_us": pred.us,
-                             "median_us": median(got) if isinstance(got, list) else None,
-                             "samples_us": got if isinstance(got, list) else None,
-                             "refused": None if isinstance(got, list) else got})
+            word_p.opts, word_p.memo = g.opts(word_p, 1, Device[Device.DEFAULT].renderer.has_local), None
+            got = word_p.gemv(x, "kernel").numpy().ravel()
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            samples = timed(ast, word_p.opts, reps, rng) if err <= CHECK else f"wrong product: relative error {err:.3g}"
+            rows_out.append({"geometry": g.flag, "predicted_us": sights[g].us, "relative_error": err,
+                             "median_us": median(samples) if isinstance(samples, list) else None,
+                             "samples_us": samples if isinstance(samples, list) else None,
+                             "refused": None if isinstance(samples, list) else samples})
         ok = [r for r in rows_out if r["median_us"]]
         best = min(ok, key=lambda r: r["median_us"]) if ok else None
         rho = rank_correlation([r["predicted_us"] for r in ok], [r["median_us"] for r in ok])
@@ -107,14 +124,14 @@ def main(out, reps=20):
                  "best": best and {"geometry": best["geometry"], "median_us": best["median_us"],
                                    "gb_s": nbytes / best["median_us"] / 1e3},
                  "futuresight_first": min(ok, key=lambda r: r["predicted_us"])["geometry"] if ok else None,
-                 "spearman": rho, "fitting": len(fits), "geometries": rows_out, "seconds": round(time.time() - t0, 1)}
+                 "spearman": rho, "fitting": len(sights), "geometries": rows_out, "seconds": round(time.time() - t0, 1)}
         result["shapes"].append(shape)
         print(f"{name}: BEAM's byte kernel {shape['byte_kernel_beam_opts_us']} µs; best word geometry "
               f"{best and best['geometry']} {best and round(best['median_us'], 2)} µs "
               f"({best and round(shape['best']['gb_s'])} GB/s); FutureSight first {shape['futuresight_first']}; "
-              f"spearman {rho and round(rho, 3)}; {len(ok)} of {len(fits)} timed, {shape['seconds']} s", flush=True)
+              f"spearman {rho and round(rho, 3)}; {len(ok)} of {len(sights)} timed, {shape['seconds']} s", flush=True)
         json.dump(result, open(out, "w"), indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20)
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:4]))

@@ -172,7 +172,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
-    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
+    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, legal_space, with_setting
     family = FAMILIES[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
@@ -188,6 +188,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
         on = args.on, routes.load(args.on)
         routes.check_applies(on[1], sha, routes.engine(), args.on)
     check_on(family, *(on or ("none", None)))
+    legal_space(family, target)      # a target on which nothing is legal: one line, before the ledger opens
     beam = args.beam or (on[1].beam if on else 0)     # as profile runs a route: its BEAM width unless --beam
     baseline = None
     if args.baseline:
@@ -217,6 +218,8 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
                                [[c.flag, f"{c.predicted_us:,.1f}", f"{c.median_us:,.1f}" if c.median_us else "",
                                  c.verdict or "skipped", c.skipped or "; ".join(c.reasons)] for c in choice.candidates],
                                right=(1, 2)))
+        for reason, n in choice.rejected.items():
+            con.print(f"rejected before anything ran: {n:,}: {escape(reason)}")
         con.print(f"chosen: {summary['chosen'] or 'none promoted: no route written'}")
     return 0
 

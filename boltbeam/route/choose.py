@@ -1,17 +1,20 @@
-"""The search for a family judged on the whole token (the repacked layout, split attention): which of
-its settings should a model run?
+"""The search for a family judged on the whole token (the repacked layout, split attention, the gemv
+geometry of the layout's generated kernel): which of its settings should a model run?
 
-BubbleBeam's part: the family's settings from data/spaces.toml (no rule in chip facts, so every
-setting is legal). FutureSight's part: each setting's bytes per token, moved at the rate its kernels
-can reach, plus the kernels it launches times the target's measured cost a kernel, which orders
-them; the budget keeps the best predicted. The layout reads the values, scales and offsets of every
+BubbleBeam's part: the family's settings from data/spaces.toml that its rules, written in chip facts,
+allow on the target (the layout and split attention have none; a geometry's threads must fill whole
+thread groups and fit the group's limits), the rest counted by the rule they break. FutureSight's
+part: each setting's bytes per token, moved at the rate its kernels can reach, plus the kernels it
+launches times the target's measured cost a kernel, which orders them; the budget keeps the best
+predicted. The layout reads the values, scales and offsets of every
 layer it takes (a factored gemv's partial sums besides; stacked layers launch one product for
 several), at the fraction of the bandwidth products written its way (the compiler's tensor code, or
 one generated kernel) were measured to reach on the target (data/futuresight.toml; the whole of it
 where unmeasured, so two writers then tie). Split attention reads the cache in whole chunks, shared
 among the kernels the compiler schedules to read it (asked on the CPU, nothing run), each predicted
 under Little's law at one output a thread: a combine that reads the values in few outputs keeps
-few bytes in flight, which is what staging avoids.
+few bytes in flight, which is what staging avoids. A gemv geometry reads the route's layout planes,
+each product under Little's law at the geometry's threads and the loads each keeps in flight.
 
 BoltBeam's part: each kept setting runs the whole token in a fresh process, on a route (`on`) or on
 tinygrad's own, with its heuristics or its BEAM search as the baseline ran,
@@ -22,7 +25,7 @@ refuted in the same scope is not run again until its reopen condition holds.
 from __future__ import annotations
 
 import dataclasses
-import itertools
+from collections import Counter
 from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +39,7 @@ from boltbeam.measure.route import GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LAB
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.route import attention, gemv
 from boltbeam.route.gemv import Geometry
-from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Planes, Setting, stacks, values_of
+from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
 from boltbeam.search.future import Calibration, Work, calibration, predict
 from boltbeam.search.space import families, on_target
 
@@ -54,11 +57,17 @@ class WholeToken:
     name: str                                   # its table in spaces.toml
     label: str                                  # what it adds to a trace's route label
     route_key: str                              # the Route field that keeps a setting
-    settings: Callable[[Target], list]          # BubbleBeam: every setting legal on the target
+    setting: Callable[[dict[str, int]], Any]    # one setting from its parameters' values in spaces.toml
     predicted: Callable[..., "Foreseen"]        # FutureSight: (census, setting, context, target, calibration, route on)
     flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
     refuses: Callable[[Route | None], str | None] = lambda on: None   # why a route cannot take the family
+
+    def space(self, target: Target) -> tuple[list, Counter]:
+        """BubbleBeam: every setting whose rules hold in the target's facts, and the rest counted by the
+        rule each breaks."""
+        legal, rejected = on_target(families()[self.name], target)
+        return [self.setting(s) for s in legal], rejected
 
 
 @dataclass(frozen=True)
@@ -101,24 +110,18 @@ class Choice:
     baseline_median_us: float
     candidates: list[Candidate]
     chosen: Candidate | None
+    rejected: dict[str, int] = field(default_factory=dict)    # BubbleBeam: settings a rule in chip facts rejects, by rule
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "baseline_median_us": self.baseline_median_us,
-                "chosen": self.chosen.flag if self.chosen else None,
+                "chosen": self.chosen.flag if self.chosen else None, "rejected_by_reason": self.rejected,
                 "candidates": [{**asdict(c), "setting": c.flag} for c in self.candidates]}
 
 
-def settings(target: Target | None = None) -> list[Setting]:
-    """Every setting the layout family declares (BubbleBeam: no rule in chip facts rejects any)."""
-    space = families()[FAMILY].parameters
+def layout_setting(values: dict[str, int]) -> Setting:
+    """A layout setting from its parameters' values (scale bytes, the form's and the stack's places)."""
     by_bytes = {b: d for d, b in SCALE_BYTES.items()}
-    return [Setting(by_bytes[b], FORMS[f], STACKS[st])
-            for b, f, st in itertools.product(space["scale_bytes"], space["form"], space["stacked"])]
-
-
-def split_settings(target: Target | None = None) -> list[attention.Split]:
-    space = families()[attention.SPACE].parameters
-    return [attention.Split(c, bool(st)) for c, st in itertools.product(space["chunk"], space["staged"])]
+    return Setting(by_bytes[values["scale_bytes"]], FORMS[values["form"]], STACKS[values["stacked"]])
 
 
 def _taken(t) -> bool:
@@ -180,11 +183,6 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
 
 
-def gemv_settings(target: Target) -> list[Geometry]:
-    """BubbleBeam: the gemv family's settings whose rules hold in the target's facts."""
-    return [Geometry(**s) for s in on_target(families()[gemv.SPACE], target)[0]]
-
-
 def layout_products(census, setting: Setting) -> list[Planes]:
     """The products one token runs with the layout, as planes without tensors (their shapes and bits):
     one a layer, or one a stack when the stack is on."""
@@ -204,28 +202,36 @@ def kernel_layout_needed(on: Route | None) -> str | None:
     return None
 
 
+def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target: Target, cal: Calibration):
+    """FutureSight on one product of `nbytes` at a geometry, or None where the geometry does not divide
+    its shape: Little's law at the geometry's threads, each keeping one load of `load_bytes` (at most a
+    group's) in flight for each row it sums."""
+    if not geometry.divides(p):
+        return None
+    word = dataclasses.replace(cal, bytes_in_flight_per_thread=WORD_BITS // 8, unroll_adds_in_flight=True)
+    return predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
+                   {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
+                    "unroll": geometry.words_per_load(p) * geometry.rows_per_thread}, target, word)
+
+
 def gemv_prediction(census, geometry: Geometry, context: int, target: Target, cal: Calibration,
                     on: Route | None = None) -> Foreseen:
-    """Each product of the route's layout under Little's law at the geometry's threads, each keeping a
-    load of `load_bytes` in flight; a product the geometry does not divide at the fraction of the
-    bandwidth the compiler's choices for generated kernels were measured to reach."""
+    """Each product of the route's layout at the geometry (geometry_sight); a product the geometry does
+    not divide at the fraction of the bandwidth the compiler's choices for generated kernels were
+    measured to reach."""
     if why := kernel_layout_needed(on):
         raise BadInput(why)
     setting = Setting(**on.layout)
-    word = dataclasses.replace(cal, bytes_in_flight_per_thread=4, unroll_adds_in_flight=True)
     fraction = cal.fraction(WRITTEN_BY["kernel"])
     nbytes, us, terms = 0, 0.0, ["bandwidth"]
     for p in layout_products(census, setting):
         groups = p.rows * p.cols // p.group
         b = p.rows * p.cols * p.bits // 8 + groups * 2 * SCALE_BYTES[setting.scale_dtype]
         nbytes += b
-        if not geometry.divides(p):
+        if (sight := geometry_sight(p, b, geometry, target, cal)) is None:
             us += b / (target.bandwidth * fraction) * 1e6
             terms.append(f"measured {WRITTEN_BY['kernel']}")
             continue
-        sight = predict(Work(b, 2 * p.rows * p.cols, p.rows),
-                        {"local": geometry.rows_per_group, "group": geometry.lanes_per_row,
-                         "upcast": geometry.rows_per_thread, "unroll": geometry.words_per_load(p)}, target, word)
         us += sight.us
         terms += sight.terms
     return Foreseen(nbytes, 0, us, tuple(dict.fromkeys(terms)))
@@ -248,11 +254,12 @@ def measured_fraction(path: str, target: Target) -> tuple[str, float]:
     return WRITTEN_BY[layout["form"]], layout["bytes"] / (us * 1e-6) / target.bandwidth
 
 
-LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", settings, layout_prediction,
+LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", layout_setting, layout_prediction,
                     lambda s: ["--layout", s.flag], asdict)
-SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention", split_settings, split_prediction,
+SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
+                   lambda v: attention.Split(v["chunk"], bool(v["staged"])), split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
-GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", gemv_settings, gemv_prediction,
+GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
                   lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed)
 WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV)}
 
@@ -291,6 +298,15 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     return base
 
 
+def legal_space(family: WholeToken, target: Target) -> tuple[list, Counter]:
+    """The family's legal settings on the target and the rejected by reason, or one line on why none is legal."""
+    legal, rejected = family.space(target)
+    if not legal:
+        raise BadInput(f"target {target.name}: no setting of {family.name} is legal there (" + "; ".join(
+            f"{n} rejected: {why}" for why, n in rejected.most_common()) + ")")
+    return legal, rejected
+
+
 def check_on(family: WholeToken, path: str, on: Route | None) -> None:
     """A route the family's settings can go on (None: tinygrad's own): one that does not set the family
     already, and that the family can build on."""
@@ -309,8 +325,9 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     promoted one wins."""
     path_on, route_on = on if on else ("none", None)
     cal = calibration(target.name)
+    legal, rejected = legal_space(family, target)
     candidates = []     # FutureSight first: on the CPU, before any token runs
-    for s in family.settings(target):
+    for s in legal:
         sight = family.predicted(census, s, context, target, cal, route_on)
         candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
                                     sight.fraction))
@@ -351,4 +368,4 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
                       reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
-    return Choice(family.name, median(base.token_wall_us), candidates, chosen)
+    return Choice(family.name, median(base.token_wall_us), candidates, chosen, dict(rejected))

@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import GEMV_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.route.layout import WORD_BITS, layers
 
 FAMILY = GEMV_LABEL
 SPACE = "gemv"                     # its knobs' values and rules: data/spaces.toml
+MOST_UNROLLED = 32                 # tinygrad unrolls a range by at most this much
 FIELDS = ("lanes_per_row", "rows_per_group", "rows_per_thread", "load_bytes")
 
 
@@ -59,8 +61,7 @@ class Geometry:
 
     def words_per_load(self, planes) -> int:
         """Words of packed values one load takes: load_bytes, at most a group's."""
-        per = 4 if planes.bits == 8 else 8
-        return min(self.load_bytes // 4, planes.group // per)
+        return min(self.load_bytes // (WORD_BITS // 8), planes.group // planes.values_per_word)
 
     def divides(self, planes, n: int = 1) -> bool:
         """The setting fits this product's shape: one input row, rows and groups split whole."""
@@ -68,17 +69,45 @@ class Geometry:
                 and (planes.cols // planes.group) % self.lanes_per_row == 0)
 
     def opts(self, planes, n: int = 1, has_local: bool = True) -> tuple | None:
-        """tinygrad's opts for the word kernel of these planes (its reductions: groups 0, words 1,
-        values of a word 2; its output: rows 0), or None where the setting does not fit the shape. A
-        device without thread groups (a CPU) takes the loads and the rows a thread sums, not the threads."""
+        """tinygrad's opts for the word kernel of these planes, or None where the setting does not fit the
+        shape. Its ranges: rows; then the reductions, groups, and for the product and (where the planes
+        have an offset or a zero point) the input's sum over a group, words of a group and values of a
+        word each. Every value of a word is unrolled, a load's words unrolled, the rows a thread sums
+        upcast, then the rows of a group and the lanes a row split the rows and the groups. A device
+        without thread groups (a CPU) takes the loads and the rows a thread sums, not the threads."""
         from tinygrad.codegen.opt import Opt, OptOps
         if not self.divides(planes, n):
             return None
-        per = 4 if planes.bits == 8 else 8
-        wanted = ((OptOps.UNROLL, 2, per), (OptOps.UNROLL, 1, self.words_per_load(planes)),
-                  (OptOps.LOCAL, 0, self.rows_per_group if has_local else 1), (OptOps.UPCAST, 0, self.rows_per_thread),
-                  (OptOps.GROUP, 0, self.lanes_per_row if has_local else 1))
-        return tuple(Opt(op, axis, arg) for op, axis, arg in wanted if arg > 1)
+        per = planes.values_per_word
+        sums = planes.offset is not None or bool(planes.zero)    # the kernel sums the input over a group too
+        # the reduce ranges tinygrad may unroll, in its order (by range id), with their sizes: an
+        # UNROLL's axis is an index into this list, and a range unrolled whole leaves it
+        unrollable = [["groups", planes.cols // planes.group], ["words", planes.group // per], ["values", per]]
+        if sums:
+            unrollable.append(["sum", planes.group])
+        out = []
+
+        def unroll(name: str, amount: int) -> None:
+            if amount <= 1:
+                return
+            i = [r[0] for r in unrollable].index(name)
+            whole = amount == unrollable[i][1]
+            out.append(Opt(OptOps.UNROLL, i, 0 if whole else amount))   # 0: the whole range
+            if whole:
+                del unrollable[i]
+            else:
+                unrollable[i][1] //= amount
+        unroll("values", per)
+        unroll("words", self.words_per_load(planes))
+        if sums:     # the input's sum over a group: as many elements a step as one load of values covers
+            unroll("sum", min(MOST_UNROLLED, per * self.words_per_load(planes)))
+        if self.rows_per_thread > 1:
+            out.append(Opt(OptOps.UPCAST, 0, self.rows_per_thread))
+        if has_local and self.rows_per_group > 1:
+            out.append(Opt(OptOps.LOCAL, 0, self.rows_per_group))
+        if has_local and self.lanes_per_row > 1:
+            out.append(Opt(OptOps.GROUP, 0, self.lanes_per_row))    # the first reduce range: the groups
+        return tuple(out)
 
 
 def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
@@ -87,7 +116,6 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
 
     from tinygrad import Device
 
-    from boltbeam.route.layout import layers
     t0 = time.perf_counter()
     kernel = [m for m in layers(net, census) if m.form == "kernel"]
     if not kernel:

@@ -122,6 +122,11 @@ class Planes:
         return [t for t in (self.low, self.high, self.scale, self.offset) if t is not None]
 
     @property
+    def values_per_word(self) -> int:
+        """Values one 32-bit word of the low plane holds: four 8-bit ones, or eight low 4-bit parts."""
+        return WORD_BITS // (8 if self.bits == 8 else 4)
+
+    @property
     def nbytes(self) -> int:
         return sum(t.nbytes() for t in self.tensors())
 
@@ -196,7 +201,7 @@ class Planes:
         reduce = lambda i: UOp.range(*i, AxisType.REDUCE)
 
         def byte_value(low, high, r, g):
-            """The unsigned values of a group, one byte read per value: (value, the reduction's ranges)."""
+            """The unsigned values of a group, one byte read per value: (value, column, the reduction's ranges)."""
             i = reduce((self.group, 3))
             c = g * self.group + i
             if self.bits == 8:
@@ -209,7 +214,7 @@ class Planes:
 
         def word_value(low, high, r, g):
             """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction)."""
-            per = WORD_BITS // (8 if self.bits == 8 else 4)
+            per = self.values_per_word
             w, j = reduce((self.group // per, 3)), reduce((per, 4))
             word = low[r, g * (self.group // per) + w].bitcast(dtypes.uint)
             v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
@@ -225,13 +230,18 @@ class Planes:
             offset = rest[-1] if self.offset is not None else None
             b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
             g = reduce((groups, 2))
-            v, c, inner_ranges = (word_value if self.words else byte_value)(low, high, r, g)
-            xv = x[b, c]
-            inner = (v.cast(dtypes.float) * xv).reduce(*inner_ranges, arg=Ops.ADD)
+            value = word_value if self.words else byte_value
+            v, c, inner_ranges = value(low, high, r, g)
+            inner = (v.cast(dtypes.float) * x[b, c]).reduce(*inner_ranges, arg=Ops.ADD)
             s = scale[r, g].cast(dtypes.float)
             term = inner * s
             if offset is not None or self.zero:
-                xsum = xv.reduce(*inner_ranges, arg=Ops.ADD)
+                # the input's sum over the group; word planes give it a range of its own (one, the group's
+                # elements), since tinygrad's opts split a range in one reduction only and the geometry's
+                # opts must reach both
+                i = reduce((self.group, 5)) if self.words else None
+                xsum = (x[b, g * self.group + i].reduce(i, arg=Ops.ADD) if self.words else
+                        x[b, c].reduce(*inner_ranges, arg=Ops.ADD))
                 term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
             opts = self.opts if self.words and n == 1 else None
             name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}"
