@@ -47,8 +47,9 @@ def test_word_kernel_equals_tinygrads_decode_at_every_geometry(fmt):
     x = rng.standard_normal(COLS).astype(np.float32)
     want = ref @ x
     for g in GEOMETRIES:
-        p.opts, p.memo = g.opts(p, 1, has_local=False), None
-        assert p.opts is not None and not {o.op.name for o in p.opts} & {"LOCAL", "GROUP"}   # a CPU: no threads
+        opts = g.opts(p, 1, has_local=False)
+        assert opts is not None and not {o.op.name for o in opts} & {"LOCAL", "GROUP"}   # a CPU: no threads
+        p.geometry, p.memo = g, None
         got = p.gemv(Tensor(x).reshape(1, 1, COLS), "kernel").numpy().ravel()
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (fmt, g.flag)
     # Several input rows (a prefill) take the compiler's opts, never the geometry's, and are right too.
@@ -77,7 +78,7 @@ def test_thread_groups_run_the_geometry_they_are_given(fmt):
                                    if (t := getattr(p, f)) is not None})
     x = rng.standard_normal(cols).astype(np.float32)
     for g in (Geometry(8, 4, 2, 16), Geometry(2, 16, 1, 8)):
-        on.opts, on.memo = g.opts(on, 1, has_local=True), None
+        on.geometry, on.memo = g, None
         product = lambda: on.kernel_product(Tensor(x, device="PYTHON").reshape(1, cols))
         got = product().numpy().ravel()
         assert np.abs(got - w @ x).max() <= 1e-5 * np.abs(w @ x).max(), (fmt, g.flag)

@@ -107,10 +107,11 @@ def main(out, reps=20, shrink=1):
         for g in sorted(sights, key=lambda g: sights[g].us):     # FutureSight's order: a cut-off keeps its best
             if time.time() - t0 > SECONDS_PER_SHAPE:
                 break
-            word_p.opts, word_p.memo = g.opts(word_p, 1, Device[Device.DEFAULT].renderer.has_local), None
+            word_p.geometry, word_p.memo = g, None
             got = word_p.gemv(x, "kernel").numpy().ravel()
             err = float(np.abs(got - want).max() / np.abs(want).max())
-            samples = timed(ast, word_p.opts, reps, rng) if err <= CHECK else f"wrong product: relative error {err:.3g}"
+            opts = g.opts(word_p, 1, Device[Device.DEFAULT].renderer.has_local)
+            samples = timed(ast, opts, reps, rng) if err <= CHECK else f"wrong product: relative error {err:.3g}"
             rows_out.append({"geometry": g.flag, "predicted_us": sights[g].us, "relative_error": err,
                              "median_us": median(samples) if isinstance(samples, list) else None,
                              "samples_us": samples if isinstance(samples, list) else None,

@@ -66,6 +66,9 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES", help="the geometry of the layout's generated "
                    "kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows a thread, bytes a load; "
                    "its planes held as 32-bit words (spaces.toml, family gemv)")
+    p.add_argument("--fusion", metavar="norm", help="fold into the layout's generated kernel (needs --layout ...:kernel): "
+                   "`norm` folds each RMS norm whose every reader runs that kernel into those products (spaces.toml, "
+                   "family fusion)")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -81,30 +84,31 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool, split_attention=None, gemv=None) -> list:
-    """The generated route families to build on the loaded model, in order; none when switched off."""
+def families_of(layout, constants_once: bool, split_attention=None, gemv=None, fusion=None) -> list:
+    """The generated route families to build on the loaded model, in order (as Route.families names
+    them); none when switched off."""
+    import functools
+
     from boltbeam.measure.route import env_off
-    from boltbeam.route import attention, constants, gemv as gemvs, layout as layouts
+    from boltbeam.route import attention, constants, fusion as fusions, gemv as gemvs, layout as layouts
     if env_off():
         return []
-    families = []
-    if layout is not None:
-        def generated_layout(net, census, path):
-            return layouts.install(net, census, path, layout)
-        families.append(generated_layout)
-    if gemv is not None:
-        if layout is None or layout.form != "kernel":
-            raise BadInput(f"--gemv {gemv.flag} shapes the layout's generated kernel: it needs --layout SCALES:kernel[:stacked]")
-        def geometry(net, census, path):
-            return gemvs.install(net, census, path, gemv)
-        families.append(geometry)
+    for name, setting in (("gemv", gemv), ("fusion", fusion)):
+        if setting is not None and (layout is None or layout.form != "kernel"):
+            raise BadInput(f"--{name} {setting.flag} builds on the layout's generated kernel: it needs "
+                           f"--layout SCALES:kernel[:stacked]")
+    families = [functools.partial(_install, install, setting) for install, setting in
+                ((layouts.install, layout), (gemvs.install, gemv), (fusions.install, fusion)) if setting is not None]
     if constants_once:
         families.append(constants.install)
     if split_attention is not None:
-        def split(net, census, path):
-            return attention.install(net, census, path, split_attention)
-        families.append(split)
+        families.append(functools.partial(_install, attention.install, split_attention))
     return families
+
+
+def _install(install, setting, net, census, path):
+    """One family's install at its setting (a module-level function, so a fan-out can send it)."""
+    return install(net, census, path, setting)
 
 
 def layout_of(flag: str | None, from_route: dict[str, str] | None):
@@ -135,16 +139,15 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
     return Split(**from_route)
 
 
-def gemv_of(flag: str | None, from_route: dict[str, int] | None):
-    """The gemv geometry to give the layout's kernel, from --gemv or the route file; None when off."""
-    from boltbeam.route.gemv import FIELDS, Geometry
+def knobs_of(kind, fields: tuple[str, ...], flag: str | None, from_route: dict[str, int] | None, what: str):
+    """A family's setting of type `kind` from its flag or the route file's table `what`; None when off."""
     if flag is not None:
-        return Geometry.parse(flag)
+        return kind.parse(flag)
     if from_route is None:
         return None
-    if set(from_route) != set(FIELDS):
-        raise BadInput(f"route gemv {from_route}: expected the keys {', '.join(FIELDS)}")
-    return Geometry(**from_route)
+    if set(from_route) != set(fields):
+        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(fields)}")
+    return kind(**from_route)
 
 
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
@@ -155,8 +158,10 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     layout = layout_of(args.layout, route[1].layout if route else None)
     constants = args.constants_once or bool(route and route[1].constants_once)
     split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
-    gemv = gemv_of(args.gemv, route[1].gemv if route else None)
-    prepare = families_of(layout, constants, split, gemv)
+    from boltbeam.route import fusion, gemv
+    geometry = knobs_of(gemv.Geometry, gemv.FIELDS, args.gemv, route[1].gemv if route else None, "gemv")
+    folded = knobs_of(fusion.Fusion, fusion.FIELDS, args.fusion, route[1].fusion if route else None, "fusion")
+    prepare = families_of(layout, constants, split, geometry, folded)
     from boltbeam.measure.tinygrad_run import profile
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
@@ -192,7 +197,7 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
     tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
                      (("beam", 0), ("route", None), ("layout", None), ("constants_once", False),
-                      ("split_attention", None), ("gemv", None))
+                      ("split_attention", None), ("gemv", None), ("fusion", None))
                      if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")

@@ -70,6 +70,21 @@ REGION_OF_ROLE = {role: region for region, roles in REGIONS.items() for role in 
 # route may stack them into one product. Correctness never rests on this; only the saving does.
 SHARED_INPUT = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("shared_gate", "shared_up"))
 
+# The norms (by tensor kind) whose output only tables of these roles read, in the norm's block (or, for
+# the model's last norm, outside every block): a route may fold such a norm into those products, and only
+# where it folds it into every one of them.
+NORM_READERS: dict[MODEL_TENSOR, tuple[str, ...]] = {
+    T.ATTN_NORM: ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_a", "attn_kv_a", "attn_gate"),
+    T.FFN_NORM: ("ffn_gate", "ffn_up", "moe_router", "expert_gate", "expert_up", "expert_gate_up",
+                 "shared_gate", "shared_up"),
+    T.OUTPUT_NORM: ("output",),
+}
+
+
+def norm_kind(name: str, block: int | None) -> MODEL_TENSOR | None:
+    """The kind of NORM_READERS a tensor of this name (in this block) is the weight of, if any."""
+    return next((k for k in NORM_READERS if f"{TENSOR_NAMES[k].format(bid=block)}.weight" == name), None)
+
 
 def read_kind(role: str | None) -> str:
     """How a decode token reads a tensor of this role; an unclassified tensor counts as read whole."""

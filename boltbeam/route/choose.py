@@ -35,9 +35,12 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
-from boltbeam.measure.route import GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine, routed_label
+from boltbeam.measure.route import (FUSION_LABEL, GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine,
+                                    routed_label)
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
-from boltbeam.route import attention, gemv
+from boltbeam.read.roles import NORM_READERS, norm_kind
+from boltbeam.route import attention, fusion, gemv
+from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
 from boltbeam.search.future import Calibration, Work, calibration, predict
@@ -195,11 +198,14 @@ def layout_products(census, setting: Setting) -> list[Planes]:
     return products
 
 
-def kernel_layout_needed(on: Route | None) -> str | None:
-    """Why a route cannot take the gemv family: its layout must run the generated kernel."""
-    if on is None or not on.layout or on.layout.get("form") != "kernel":
-        return "the gemv family shapes the layout's generated kernel: search it --on a route whose layout form is kernel"
-    return None
+def kernel_layout_needed(family: str) -> Callable[[Route | None], str | None]:
+    """Why a route cannot take a family that builds on the layout's generated kernel (None: it can)."""
+    def why(on: Route | None) -> str | None:
+        if on is None or not on.layout or on.layout.get("form") != "kernel":
+            return (f"the {family} family builds on the layout's generated kernel: search it --on a route whose "
+                    f"layout form is kernel")
+        return None
+    return why
 
 
 def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target: Target, cal: Calibration):
@@ -219,7 +225,7 @@ def gemv_prediction(census, geometry: Geometry, context: int, target: Target, ca
     """Each product of the route's layout at the geometry (geometry_sight); a product the geometry does
     not divide at the fraction of the bandwidth the compiler's choices for generated kernels were
     measured to reach."""
-    if why := kernel_layout_needed(on):
+    if why := kernel_layout_needed(gemv.SPACE)(on):
         raise BadInput(why)
     setting = Setting(**on.layout)
     fraction = cal.fraction(WRITTEN_BY["kernel"])
@@ -235,6 +241,24 @@ def gemv_prediction(census, geometry: Geometry, context: int, target: Target, ca
         us += sight.us
         terms += sight.terms
     return Foreseen(nbytes, 0, us, tuple(dict.fromkeys(terms)))
+
+
+def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal: Calibration,
+                      on: Route | None = None) -> Foreseen:
+    """The norms folded into the route's layout products: each product that folds one reads the norm's
+    weight (float32) beside its planes, and the norms launch no kernel of their own (a norm with a reader
+    the layout does not take stays, and costs what it cost without the family)."""
+    if why := kernel_layout_needed(fusion.SPACE)(on):
+        raise BadInput(why)
+    stack = Setting(**on.layout).stack == "stacked"
+    nbytes = 0
+    for t in census.tensors if folded.norm else ():
+        if (kind := norm_kind(t.name, t.block)) is None:
+            continue
+        readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
+        if readers and all(_taken(r) for r in readers):
+            nbytes += len(stacks(readers) if stack else readers) * t.elements * 4
+    return Foreseen(nbytes, 0, nbytes / target.bandwidth * 1e6, ("bandwidth",))
 
 
 def measured_fraction(path: str, target: Target) -> tuple[str, float]:
@@ -260,8 +284,10 @@ SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
                    lambda v: attention.Split(v["chunk"], bool(v["staged"])), split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
 GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
-                  lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed)
-WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV)}
+                  lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed(gemv.SPACE))
+FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
+                    lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE))
+WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION)}
 
 
 def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,

@@ -68,12 +68,13 @@ class Geometry:
         return (n == 1 and planes.rows % (self.rows_per_group * self.rows_per_thread) == 0
                 and (planes.cols // planes.group) % self.lanes_per_row == 0)
 
-    def opts(self, planes, n: int = 1, has_local: bool = True) -> tuple | None:
+    def opts(self, planes, n: int = 1, has_local: bool = True, squares: bool = False) -> tuple | None:
         """tinygrad's opts for the word kernel of these planes, or None where the setting does not fit the
-        shape. Its ranges: rows; then the reductions, groups, and for the product and (where the planes
-        have an offset or a zero point) the input's sum over a group, words of a group and values of a
-        word each. Every value of a word is unrolled, a load's words unrolled, the rows a thread sums
-        upcast, then the rows of a group and the lanes a row split the rows and the groups. A device
+        shape. Its ranges: rows; then the reductions: groups; a group's words and a word's values (the
+        product); where the planes have an offset or a zero point, a group's elements (the input's sum);
+        with a norm folded in (`squares`), a group's elements again (the input's squares). Every value of
+        a word is unrolled, a load's words unrolled and as many elements of each sum, the rows a thread
+        sums upcast, then the rows of a group and the lanes a row split the rows and the groups. A device
         without thread groups (a CPU) takes the loads and the rows a thread sums, not the threads."""
         from tinygrad.codegen.opt import Opt, OptOps
         if not self.divides(planes, n):
@@ -82,9 +83,9 @@ class Geometry:
         sums = planes.offset is not None or bool(planes.zero)    # the kernel sums the input over a group too
         # the reduce ranges tinygrad may unroll, in its order (by range id), with their sizes: an
         # UNROLL's axis is an index into this list, and a range unrolled whole leaves it
-        unrollable = [["groups", planes.cols // planes.group], ["words", planes.group // per], ["values", per]]
-        if sums:
-            unrollable.append(["sum", planes.group])
+        sums_of_group = (["sum"] if sums else []) + (["squares"] if squares else [])
+        unrollable = [["groups", planes.cols // planes.group], ["words", planes.group // per], ["values", per]] + [
+            [name, planes.group] for name in sums_of_group]
         out = []
 
         def unroll(name: str, amount: int) -> None:
@@ -99,8 +100,8 @@ class Geometry:
                 unrollable[i][1] //= amount
         unroll("values", per)
         unroll("words", self.words_per_load(planes))
-        if sums:     # the input's sum over a group: as many elements a step as one load of values covers
-            unroll("sum", min(MOST_UNROLLED, per * self.words_per_load(planes)))
+        for name in sums_of_group:    # as many elements a step as one load of values covers
+            unroll(name, min(MOST_UNROLLED, per * self.words_per_load(planes)))
         if self.rows_per_thread > 1:
             out.append(Opt(OptOps.UPCAST, 0, self.rows_per_thread))
         if has_local and self.rows_per_group > 1:
@@ -114,8 +115,6 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
     """Turn the planes of every kernel-form layout layer into words and give their kernel the geometry."""
     import time
 
-    from tinygrad import Device
-
     t0 = time.perf_counter()
     kernel = [m for m in layers(net, census) if m.form == "kernel"]
     if not kernel:
@@ -126,7 +125,7 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
     for m in planes.values():
         p = m.planes
         p.to_words()
-        p.opts = geometry.opts(p, 1, Device[p.low.device].renderer.has_local)
+        p.geometry = geometry
         prepared.applied += geometry.divides(p)
         prepared.bytes += p.nbytes
         for t in (p.low, p.high):

@@ -111,9 +111,9 @@ class Planes:
     offset: Any | None   # (rows, cols/group), or None: every offset is -zero x scale
     zero: int = 0
     # low and high held as 32-bit words (float32 views of the same bytes, so tinygrad loads four at once),
-    # and the opts the word kernel takes for one input row (route/gemv.py's geometry; None: the compiler's).
+    # and the geometry the word kernel takes for one input row (route/gemv.py's; None: the compiler's opts).
     words: bool = False
-    opts: tuple | None = None
+    geometry: Any | None = None
     # The generated kernel's last (input, product): the layers of a stack ask for the same product,
     # and a custom kernel's fresh output buffer keeps tinygrad from merging the identical requests.
     memo: Any = field(default=None, repr=False, compare=False)
@@ -166,17 +166,21 @@ class Planes:
             w = w + self.offset.cast(dtypes.float32).unsqueeze(-1)
         return w.reshape(self.rows, self.cols)
 
-    def gemv(self, x, form: str):
-        """x (..., cols) float -> (..., rows): the weight's product, in the setting's form."""
+    def gemv(self, x, form: str, norm=None):
+        """x (..., cols) float -> (..., rows): the weight's product, in the setting's form; with `norm` (an
+        RMS norm module), the product of the normed input: inside the generated kernel, or by the norm
+        itself first wherever tensor code computes the product."""
         from tinygrad import dtypes
         variable = not all(isinstance(d, int) for d in x.shape)    # a prefill of variable length
+        if norm is not None and (form != "kernel" or variable):
+            x = norm(x)
         if form == "expanded" or form == "kernel" and variable:      # (a custom kernel takes no variable shape)
             return x.matmul(self.weights().T)
         if form == "kernel":
             flat = x.reshape(-1, self.cols)
-            if self.memo is None or self.memo[0] is not flat.uop:
-                self.memo = flat.uop, self.kernel_product(flat)
-            return self.memo[1].reshape(*x.shape[:-1], self.rows)
+            if self.memo is None or self.memo[0] is not flat.uop or self.memo[1] is not norm:
+                self.memo = flat.uop, norm, self.kernel_product(flat, norm)
+            return self.memo[2].reshape(*x.shape[:-1], self.rows)
         g = self.cols // self.group
         xg = x.reshape(*x.shape[:-1], 1, g, self.group)                       # (..., 1, G, group)
         inner = (self._grouped(self.values()) * xg).sum(-1)                  # (..., rows, G)
@@ -188,14 +192,19 @@ class Planes:
             y = y + (xsum * self.offset.cast(dtypes.float32)).sum(-1)
         return y
 
-    def kernel_product(self, x):
+    def kernel_product(self, x, norm=None):
         """x (n, cols) -> (n, rows) float32: the factored product as one kernel written at tinygrad's UOp
         level from the planes' description (bits, group, zero point): each group's values times the
         input summed, then scaled once, and the input's sum per group times the offset (or the zero
         point), both reductions nested in one kernel. Byte planes: its opts are tinygrad's heuristics'
         or BEAM's. Word planes: each value is shifted out of a 32-bit word, and the geometry, where it
-        divides the shape, sets the opts (route/gemv.py)."""
-        from tinygrad import Tensor, UOp, dtypes
+        divides the shape, sets the opts (route/gemv.py).
+
+        With `norm` (an RMS norm module: weight w, eps) the kernel takes the un-normed input and folds
+        the norm in: the input times w in both sums, and beside them each group's sum of the input's
+        squares, reduced over the groups with the product, so the row's result is multiplied once by
+        1 / sqrt(mean of squares + eps). The norm's own kernels are then not needed."""
+        from tinygrad import Device, Tensor, UOp, dtypes
         from tinygrad.uop.ops import AxisType, KernelInfo, Ops
         n, groups, high_width = x.shape[0], self.cols // self.group, self.bits - 4
         reduce = lambda i: UOp.range(*i, AxisType.REDUCE)
@@ -227,12 +236,14 @@ class Planes:
         def kernel(y, x, low, *rest):
             high = rest[0] if self.high is not None else None
             scale = rest[1 if self.high is not None else 0]
-            offset = rest[-1] if self.offset is not None else None
+            offset = rest[2 if self.high is not None else 1] if self.offset is not None else None
+            weight = rest[-1] if norm is not None else None
             b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
             g = reduce((groups, 2))
+            xin = (lambda c: x[b, c] * weight[c].cast(dtypes.float)) if norm is not None else (lambda c: x[b, c])
             value = word_value if self.words else byte_value
             v, c, inner_ranges = value(low, high, r, g)
-            inner = (v.cast(dtypes.float) * x[b, c]).reduce(*inner_ranges, arg=Ops.ADD)
+            inner = (v.cast(dtypes.float) * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
             s = scale[r, g].cast(dtypes.float)
             term = inner * s
             if offset is not None or self.zero:
@@ -240,16 +251,23 @@ class Planes:
                 # elements), since tinygrad's opts split a range in one reduction only and the geometry's
                 # opts must reach both
                 i = reduce((self.group, 5)) if self.words else None
-                xsum = (x[b, g * self.group + i].reduce(i, arg=Ops.ADD) if self.words else
-                        x[b, c].reduce(*inner_ranges, arg=Ops.ADD))
+                xsum = (xin(g * self.group + i).reduce(i, arg=Ops.ADD) if self.words else
+                        xin(c).reduce(*inner_ranges, arg=Ops.ADD))
                 term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
-            opts = self.opts if self.words and n == 1 else None
-            name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}"
-            return y[b, r].store(term.reduce(g, arg=Ops.ADD)).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
+            out = term.reduce(g, arg=Ops.ADD)
+            if norm is not None:
+                k = reduce((self.group, 6))
+                squares = (x[b, g * self.group + k] * x[b, g * self.group + k]).reduce(k, arg=Ops.ADD).reduce(g, arg=Ops.ADD)
+                out = out * (squares * (1.0 / self.cols) + norm.eps).sqrt().reciprocal()
+            opts = None
+            if self.words and self.geometry is not None:
+                opts = self.geometry.opts(self, n, Device[self.low.device].renderer.has_local, squares=norm is not None)
+            name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
+            return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
 
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
         ins = [x.float(), self.low, *([self.high] if self.high is not None else []), self.scale,
-               *([self.offset] if self.offset is not None else [])]
+               *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else [])]
         return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
 
 
@@ -356,9 +374,10 @@ class LayoutLinear:
     def __init__(self, planes: Planes, bias, form: str, rows: slice | None = None, entries: tuple = ()):
         self.planes, self.bias, self.form, self.rows = planes, bias, form, rows
         self.entries = entries      # the GGUF tensors the planes hold (a stack's: every layer's)
+        self.norm = None            # the RMS norm folded into the product (route/fusion.py): its input comes un-normed
 
     def __call__(self, x):
-        y = self.planes.gemv(x, self.form)
+        y = self.planes.gemv(x, self.form, self.norm)
         if self.rows is not None:
             y = y.contiguous()[..., self.rows]
         return y if self.bias is None else y + self.bias
@@ -394,15 +413,18 @@ def _stack_key(p: Planes) -> tuple:
 
 def layers(net, census) -> list[LayoutLinear]:
     """The layout's layers in the loaded model, found where the census's tensors load."""
-    found = [_module(net, "output" if t.tied else t.name.removesuffix(".weight")) for t in census.tensors]
+    found = [module_at(net, "output" if t.tied else t.name.removesuffix(".weight")) for t in census.tensors]
     return [f[2] for f in found if f is not None and isinstance(f[2], LayoutLinear)]
 
 
-def _module(net, path: str):
+def module_at(net, path: str):
     """The attribute a GGUF tensor name ("blk.3.ffn_up") loads into, or None."""
     parent, obj = None, net
     for part in path.split("."):
-        parent, obj = obj, obj[int(part)] if part.isdigit() and isinstance(obj, list) else getattr(obj, part, None)
+        if part.isdigit() and isinstance(obj, list):
+            parent, obj = obj, obj[int(part)] if int(part) < len(obj) else None
+        else:
+            parent, obj = obj, getattr(obj, part, None)
         if obj is None:
             return None
     return parent, part, obj
@@ -444,7 +466,7 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
         if len(t.shape) != 2 or values_of(t.format) is None:
             continue
         name = "output" if t.tied else t.name.removesuffix(".weight")
-        found = _module(net, name)
+        found = module_at(net, name)
         if found is None or not isinstance(found[2], nn.Linear):
             continue
         eligible += 1

@@ -1,0 +1,109 @@
+"""Fusion: what folds into the generated layout's kernel, so that small kernels around it vanish.
+
+A block norms its hidden state before its attention projections and before its gate and up, and the
+model norms its last hidden state before the vocabulary projection; each RMS norm is a kernel or two a
+token (its mean of squares, then the normed vector) that exist only for the products to read. With
+`norm` on, every norm whose readers all run the layout's generated kernel is folded into them
+(layout.Planes.kernel_product): they take the un-normed input and the norm's weight, sum the input's
+squares group by group beside their own sums, and scale each row once. Which roles read which norm
+is a fact of GGUF's tensor kinds (roles.NORM_READERS), never a model's names; a norm with a reader
+that runs anything else (an expert table, a layer the layout kept in GGUF blocks, tensor code) is left
+as it is, and the family counts it. Wherever a product is computed by tensor code (a prefill of
+variable length), the norm runs first, as before.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from boltbeam.errors import BadInput
+from boltbeam.measure.route import FUSION_LABEL
+from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.read.roles import NORM_READERS, norm_kind
+from boltbeam.route.layout import LayoutLinear, module_at
+
+FAMILY = FUSION_LABEL
+SPACE = "fusion"                   # its knobs and their values: data/spaces.toml
+FIELDS = ("norm",)
+
+
+@dataclass(frozen=True)
+class Fusion:
+    norm: int = 1
+
+    def __post_init__(self):
+        from boltbeam.search.space import families
+        space = families()[SPACE].parameters
+        bad = [f for f in FIELDS if not (isinstance(getattr(self, f), int) and not isinstance(getattr(self, f), bool)
+                                         and getattr(self, f) in space[f])]
+        if bad:
+            raise BadInput(f"fusion {asdict(self)}: " + "; ".join(
+                f"{f} must be one of {', '.join(map(str, space[f]))}" for f in bad) + f" (spaces.toml, family {SPACE})")
+
+    @property
+    def flag(self) -> str:
+        """The knobs that are on, joined by '+' (profile --fusion)."""
+        return "+".join(f for f in FIELDS if getattr(self, f))
+
+    @classmethod
+    def parse(cls, flag: str) -> "Fusion":
+        on = flag.split("+")
+        if not on or any(f not in FIELDS for f in on):
+            raise BadInput(f"--fusion {flag}: expected what to fold, of {', '.join(FIELDS)} (joined by '+')")
+        return cls(**{f: int(f in on) for f in FIELDS})
+
+
+class Normed:
+    """A folded norm's stand-in in the model: the input goes on un-normed to the products that norm it.
+    (tinygrad copies that input once for the kernel, which takes its inputs contiguous, where the block
+    reads it elsewhere too: one copy in place of the norm's two kernels. Making it contiguous here
+    instead adds copies.)"""
+    def __call__(self, x):
+        return x
+
+
+class Norm:
+    """An RMS norm folded into products: its weight realized once as float32, its eps; called, it is the
+    model's own norm (for tensor code that computes a product of the normed input)."""
+    def __init__(self, module):
+        self.module, self.eps = module, float(module.eps)
+        self.weight = module.weight.float().contiguous().realize()
+
+    def __call__(self, x):
+        return self.module(x)
+
+
+def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
+    """Fold every norm whose readers all run the layout's generated kernel into them."""
+    from tinygrad import nn
+    t0 = time.perf_counter()
+    prepared = Prepared(FAMILY, asdict(fusion))
+    if fusion.norm:
+        for t in census.tensors:
+            kind = norm_kind(t.name, t.block)
+            found = module_at(net, t.name.removesuffix(".weight")) if kind is not None else None
+            if found is None or not isinstance(found[2], nn.RMSNorm):
+                continue
+            prepared.eligible += 1
+            readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
+            layers = [module_at(net, "output" if r.tied else r.name.removesuffix(".weight")) for r in readers]
+            layers = [m[2] for m in layers if m is not None]
+            if not readers or len(layers) < len(readers) or not all(
+                    isinstance(m, LayoutLinear) and m.form == "kernel" for m in layers):
+                continue
+            norm = Norm(found[2])
+            for m in layers:
+                m.norm = norm
+            parent, attr, _ = found
+            setattr(parent, attr, Normed())
+            prepared.applied += 1
+            prepared.bytes += norm.weight.nbytes()
+            prepared.placed[id(norm.weight.uop.base.buffer.base)] = (t,)
+    if not prepared.applied:
+        raise BadInput(f"model {model_path}: --fusion folds into the layout's generated kernel; no norm here has "
+                       f"every reader run it (run with --layout SCALES:kernel[:stacked])")
+    if prepared.applied < prepared.eligible:
+        prepared.notes.append(f"{prepared.eligible - prepared.applied} of {prepared.eligible} norms kept: a reader "
+                              f"of each does not run the layout's generated kernel")
+    prepared.seconds = time.perf_counter() - t0
+    return prepared

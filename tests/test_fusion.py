@@ -1,0 +1,187 @@
+"""The fusion family: an RMS norm folded into the layout's generated kernel for every product that reads
+it. Checked against the normed product for every format (byte and word planes, every form), on the
+model (the same greedy tokens, the norm's kernels gone), and through the search."""
+import dataclasses
+import json
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from boltbeam.bound.targets import get_target
+from boltbeam.cli import main
+from boltbeam.errors import BadInput
+from boltbeam.judge.verdicts import VERDICTS
+from boltbeam.read.census import take_census
+from boltbeam.route import choose, fusion, layout
+from boltbeam.route.gemv import Geometry
+from boltbeam.search.future import Calibration
+from tests.test_families import blocks, reference
+from tests.test_profile import profile
+
+ROWS, COLS, EPS = 64, 1024, 1e-6
+FOLDED = ("attn_norm", "ffn_norm", "output_norm")
+
+
+def rms_norm(rng, cols: int = COLS):
+    from tinygrad import Tensor, nn
+    norm = nn.RMSNorm(cols, EPS)
+    norm.weight = Tensor(rng.standard_normal(cols).astype(np.float32))
+    return norm
+
+
+@pytest.mark.parametrize("fmt", layout.formats_with_layout())
+def test_a_folded_norm_gives_the_normed_product(fmt):
+    from tinygrad import Tensor
+    rng = np.random.default_rng(3)
+    b = blocks(fmt, rng, ROWS, COLS)
+    ref = reference(b, fmt, ROWS, COLS)
+    module = rms_norm(rng)
+    norm = fusion.Norm(module)
+    x = (rng.standard_normal(COLS) * 3).astype(np.float32)       # far from unit scale: the norm matters
+    normed = x / np.sqrt((x.astype(np.float64) ** 2).mean() + EPS) * module.weight.numpy()
+    want = ref @ normed
+    for words in (False, True):
+        p = layout.repack(b, fmt, ROWS, COLS, "float32")
+        if words:
+            p.to_words()
+            p.geometry = Geometry(8, 4, 2, 16)
+        for form in layout.FORMS:       # the kernel folds it; tensor code runs the norm first
+            p.memo = None
+            got = p.gemv(Tensor(x).reshape(1, 1, COLS), form, norm).numpy().ravel()
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (fmt, words, form)
+    # A layer asked once with the norm and once without gets two products, not the first one twice.
+    p.memo = None
+    xt = Tensor(x).reshape(1, 1, COLS)
+    with_norm, without = p.gemv(xt, "kernel", norm).numpy().ravel(), p.gemv(xt, "kernel").numpy().ravel()
+    assert np.abs(without - ref @ x).max() <= 1e-5 * np.abs(ref @ x).max() and not np.allclose(with_norm, without)
+
+
+def test_thread_groups_fold_the_norm_too():
+    """On the PYTHON device, which runs thread groups: the squares are reduced over the groups with the
+    product, the lanes' partial sums combined for both."""
+    from tinygrad import Tensor, dtypes
+    rng = np.random.default_rng(8)
+    rows, cols = 64, 256
+    p = layout.repack(blocks("Q4_K", rng, rows, cols), "Q4_K", rows, cols, "float32")
+    p.to_words()
+    clear = lambda t: (t.bitcast(dtypes.uint32) & ~(1 << 30)).bitcast(dtypes.float32).contiguous()   # see test_gemv
+    p.low = clear(p.low)
+    w = p.weights().numpy()
+    module = rms_norm(rng, cols)
+    x = (rng.standard_normal(cols) * 3).astype(np.float32)
+    want = w @ (x / np.sqrt((x.astype(np.float64) ** 2).mean() + EPS) * module.weight.numpy())
+    on = dataclasses.replace(p, **{f: t.to("PYTHON").realize() for f in ("low", "scale", "offset")
+                                   if (t := getattr(p, f)) is not None}, geometry=Geometry(8, 4, 2, 16))
+    norm = fusion.Norm(module)
+    norm.weight = norm.weight.to("PYTHON").realize()
+    got = on.kernel_product(Tensor(x, device="PYTHON").reshape(1, cols), norm).numpy().ravel()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_a_norm_folds_only_where_every_reader_runs_the_generated_kernel(tiny_model):
+    """A block whose value projection stays an ordinary layer keeps its attention norm; its gate and up,
+    and the vocabulary projection, take theirs."""
+    from tinygrad import Tensor, nn
+    census = take_census(tiny_model)
+    rng = np.random.default_rng(1)
+    kernel = lambda fmt, rows, cols: layout.LayoutLinear(layout.repack(blocks(fmt, rng, rows, cols), fmt, rows, cols),
+                                                        None, "kernel")
+    f = census.facts
+    dim, kv = f.embedding, f.kv_heads * f.head_dim
+    b0 = SimpleNamespace(attn_norm=nn.RMSNorm(dim), attn_q=kernel("Q4_K", f.heads * f.head_dim, dim),
+                         attn_k=kernel("Q4_K", kv, dim), attn_v=nn.Linear(dim, kv, bias=False),
+                         ffn_norm=nn.RMSNorm(dim), ffn_gate=kernel("Q4_K", 64, dim), ffn_up=kernel("Q4_K", 64, dim))
+    net = SimpleNamespace(blk=[b0, SimpleNamespace()], output_norm=nn.RMSNorm(dim), output=kernel("Q6_K", 64, dim))
+    attn_norm = b0.attn_norm
+    done = fusion.install(net, census, tiny_model, fusion.Fusion())
+    assert (done.applied, done.eligible) == (2, 3) and "1 of 3 norms kept" in done.notes[0]
+    assert b0.attn_norm is attn_norm and b0.attn_q.norm is None                  # kept: attn_v reads it too
+    assert isinstance(b0.ffn_norm, fusion.Normed) and b0.ffn_gate.norm is b0.ffn_up.norm is not None
+    assert isinstance(net.output_norm, fusion.Normed) and net.output.norm is not None
+    x = Tensor.ones(1, 1, dim)
+    assert b0.ffn_norm(x) is x                                                   # the input goes on un-normed
+    bare = SimpleNamespace(blk=[SimpleNamespace(attn_norm=nn.RMSNorm(dim), attn_q=nn.Linear(dim, dim))])
+    with pytest.raises(BadInput, match="no norm here has every reader run it"):
+        fusion.install(bare, census, tiny_model, fusion.Fusion())
+
+
+def test_profile_with_the_norms_folded(tiny_model, tmp_path, capsys):
+    kernel = profile(tiny_model, tmp_path / "kernel.json", "--context", "4", "--tokens", "2",
+                     "--layout", "float32:kernel:stacked")
+    folded = profile(tiny_model, tmp_path / "folded.json", "--context", "4", "--tokens", "2",
+                     "--layout", "float32:kernel:stacked", "--fusion", "norm")
+    fam = folded.route["settings"]["families"]["fusion"]
+    blocks_ = take_census(tiny_model).facts.blocks
+    assert folded.route["label"] == "generated-layout + fusion + tinygrad-scheduler"
+    assert fam["norm"] == 1 and fam["applied"] == fam["eligible"] == 2 * blocks_ + 1
+    assert folded.output_tokens == kernel.output_tokens       # (and the kernel form's are the default's: test_families)
+    # The folded norms launch nothing of their own; the products that fold them read their weights.
+    norms = lambda t: {k.role for k in t.kernels_of_token(0) if k.category == "norm"}
+    assert set(FOLDED) <= norms(kernel) and not set(FOLDED) & norms(folded)
+    readers = [k for k in folded.kernels_of_token(0) if any(n.endswith(("attn_norm.weight", "ffn_norm.weight",
+                                                                         "output_norm.weight")) for n in k.tensors)]
+    assert readers and all(k.category == "weights" and k.name.endswith("_normed") for k in readers)
+    assert len(folded.kernels_of_token(0)) < len(kernel.kernels_of_token(0))
+    out = tmp_path / "bad.json"
+    for flags, said in ((["--fusion", "norm"], "needs --layout SCALES:kernel"),
+                        (["--layout", "float32:factored", "--fusion", "norm"], "needs --layout SCALES:kernel"),
+                        (["--layout", "float32:kernel", "--fusion", "residual"], "expected what to fold")):
+        assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1 and not out.exists(), flags
+    route = {"format": "boltbeam-route", "version": 1, "model_sha256": None, "engine": "tinygrad 0.13.0",
+             "device": "CPU", "target": "t", "family": "fusion", "provenance": "generated by search", "choices": [],
+             "layout": {"scale_dtype": "float32", "form": "kernel", "stack": "stacked"}}
+    for folds, said in (("norm", "fusion must be a table"), ({"norms": 1}, "expected the keys norm"),
+                        ({"norm": 2}, "norm must be one of 1")):
+        (tmp_path / "r.json").write_text(json.dumps({**route, "fusion": folds}))
+        assert main(["profile", tiny_model, "--device", "CPU", "--out", str(out), "--route", str(tmp_path / "r.json")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1 and not out.exists(), folds
+
+
+def test_futuresight_on_folded_norms(tiny_model):
+    from boltbeam.measure.route import Route
+    census = take_census(tiny_model)
+    h200 = get_target("h200")
+    settings, rejected = choose.FUSION.space(h200)
+    assert settings == [fusion.Fusion(1)] and not rejected
+    on = Route(None, "t", "CUDA", "h200", "repacked_layout", "generated by search", [],
+               layout={"scale_dtype": "float16", "form": "kernel", "stack": "separate"})
+    separate = choose.fusion_prediction(census, settings[0], 0, h200, Calibration(), on)
+    stacked = choose.fusion_prediction(census, settings[0], 0, h200, Calibration(),
+                                       dataclasses.replace(on, layout={**on.layout, "stack": "stacked"}))
+    # Each product that folds a norm reads its weight (float32): one product a stack, one a layer unstacked.
+    f = census.facts
+    readers_a_block = 5           # query, key, value; gate, up
+    assert separate.bytes == (f.blocks * readers_a_block + 1) * f.embedding * 4 and separate.kernels == 0
+    assert stacked.bytes < separate.bytes
+    with pytest.raises(BadInput, match="layout form is kernel"):
+        choose.fusion_prediction(census, settings[0], 0, h200, Calibration(),
+                                 dataclasses.replace(on, layout={**on.layout, "form": "expanded"}))
+
+
+def test_search_judges_folded_norms_on_a_kernel_form_route(tiny_model, tmp_path):
+    from boltbeam.files import sha256_file
+    from boltbeam.measure import route as routes
+    from boltbeam.measure import trace as tracefile
+    from tests.test_search import CPU_TARGETS, _ok, _run
+    on = routes.Route(sha256_file(tiny_model), routes.engine(), "CPU", "host-like", "repacked_layout",
+                      "generated by search", [], layout={"scale_dtype": "float32", "form": "kernel", "stack": "stacked"})
+    routes.save(on, tmp_path / "on.json")
+    out = tmp_path / "fusion"
+    cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
+           "--targets", CPU_TARGETS, "--family", "fusion", "--context", "4", "--tokens", "5",
+           "--ledger", str(tmp_path / "ledger.sqlite"), "--json"]
+    summary = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "on.json"), "--out", str(out)])).stdout)
+    (only,) = summary["candidates"]
+    assert only["setting"] == "norm" and only["verdict"] in VERDICTS and only["median_us"] > 0
+    ran = tracefile.load(str(out / "fusion_norm.json"))
+    assert ran.route["label"] == "generated-layout + fusion + boltbeam-search"
+    if summary["chosen"]:
+        route = routes.load(str(out / "route.json"))
+        assert route.layout == on.layout and route.fusion == {"norm": 1} and route.provenance == "generated by search"
+    done = _run([*cmd, "--out", str(tmp_path / "none")])          # no route: nothing to fold into
+    assert done.returncode == 2 and "layout form is kernel" in done.stderr and not (tmp_path / "none").exists()
