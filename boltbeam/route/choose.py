@@ -35,11 +35,11 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
-from boltbeam.measure.route import (FUSION_LABEL, GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL, Route, engine,
-                                    routed_label)
+from boltbeam.measure.route import (CONSTANTS_LABEL, FUSION_LABEL, GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL,
+                                    Route, engine, routed_label)
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route import attention, fusion, gemv
+from boltbeam.route import attention, constants, fusion, gemv
 from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
@@ -261,6 +261,13 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
     return Foreseen(nbytes, 0, nbytes / target.bandwidth * 1e6, ("bandwidth",))
 
 
+def constants_prediction(census, once: constants.Once, context: int, target: Target, cal: Calibration,
+                         on: Route | None = None) -> Foreseen:
+    """Tensors that read nothing, computed once at load: a token then moves none of their bytes and launches
+    none of their kernels."""
+    return Foreseen(0, 0, 0.0, ("computed once at load",))
+
+
 def measured_fraction(path: str, target: Target) -> tuple[str, float]:
     """How the products of the layout profiled at `path` were written, and the fraction of the target's
     bandwidth they reached: the planes' bytes (each read once a token) over the per-token median of
@@ -287,7 +294,9 @@ GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_
                   lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed(gemv.SPACE))
 FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
                     lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE))
-WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION)}
+CONSTANTS = WholeToken(constants.SPACE, CONSTANTS_LABEL, "constants_once", lambda v: constants.Once(**v),
+                       constants_prediction, lambda s: ["--constants-once"], lambda s: True)
+WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION, CONSTANTS)}
 
 
 def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,

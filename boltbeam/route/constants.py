@@ -10,11 +10,27 @@ block's own `_init_state` (tinygrad.llm's hook for that).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from boltbeam.measure.route import CONSTANTS_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
 
 FAMILY = CONSTANTS_LABEL
+SPACE = "constants_once"           # its one knob: data/spaces.toml
+
+
+@dataclass(frozen=True)
+class Once:
+    """The family's setting, as the search judges it (profile --constants-once; the route's constants_once)."""
+    once: int = 1
+
+    def __post_init__(self):
+        from boltbeam.search.space import check_knobs
+        check_knobs(self, SPACE)
+
+    @property
+    def flag(self) -> str:
+        return "once"
 
 
 def is_constant(t) -> bool:

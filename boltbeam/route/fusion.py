@@ -32,13 +32,8 @@ class Fusion:
     norm: int = 1
 
     def __post_init__(self):
-        from boltbeam.search.space import families
-        space = families()[SPACE].parameters
-        bad = [f for f in FIELDS if not (isinstance(getattr(self, f), int) and not isinstance(getattr(self, f), bool)
-                                         and getattr(self, f) in space[f])]
-        if bad:
-            raise BadInput(f"fusion {asdict(self)}: " + "; ".join(
-                f"{f} must be one of {', '.join(map(str, space[f]))}" for f in bad) + f" (spaces.toml, family {SPACE})")
+        from boltbeam.search.space import check_knobs
+        check_knobs(self, SPACE)
 
     @property
     def flag(self) -> str:

@@ -8,6 +8,7 @@ axis it does not divide. Nothing here runs on a device or asks the compiler.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import tomllib
@@ -134,6 +135,17 @@ def searchable(name: str, known: dict[str, Family] | None = None) -> Family:
     if any(v < 1 for p, values in fam.parameters.items() if p in SPLITS for v in values):
         raise BadInput(f"family {name!r}: a split of an axis must be at least 1")
     return fam
+
+
+def check_knobs(setting, name: str) -> None:
+    """A setting whose fields are whole-number knobs of family `name`: each one of the values spaces.toml
+    lists for it, or one line naming every field that is not."""
+    space = families()[name].parameters
+    values = {f.name: getattr(setting, f.name) for f in dataclasses.fields(setting)}
+    bad = [f for f, v in values.items() if not (isinstance(v, int) and not isinstance(v, bool) and v in space[f])]
+    if bad:
+        raise BadInput(f"{name} setting {values}: " + "; ".join(
+            f"{f} must be one of {', '.join(map(str, space[f]))}" for f in bad) + f" (spaces.toml, family {name})")
 
 
 def _rule_breaks(rule: Rule, setting: dict[str, int], fam: Family, target: Target) -> str | None:
