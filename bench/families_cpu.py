@@ -1,7 +1,10 @@
 """The generated route families on a real model, on this machine's CPU: the embedded SmolLM2 decoded
 with tinygrad's default route, with the repacked layout, with constants computed once, and with
-both; each judged against the default (greedy tokens identical over every decoded step, the whole
-token faster beyond noise). One profile per route, in its own process, one after another.
+both; then the layout's generated kernel (stacked) with constants once, with the norms folded into
+it, and with a gemv geometry on its words besides (on a CPU only the rows a thread sums and the bytes
+a load take effect); each judged against the default (greedy tokens identical over every decoded
+step, the whole token faster beyond noise). One profile per route, in its own process, one after
+another.
 
     .venv/bin/python bench/families_cpu.py [--tokens 32] [--out bench/records/families_cpu.json]
 """
@@ -21,7 +24,15 @@ ROUTES = {"default": ([], "tinygrad-scheduler"),
           "layout": (["--layout", "float16:expanded"], "generated-layout + tinygrad-scheduler"),
           "constants-once": (["--constants-once"], "constants-once + tinygrad-scheduler"),
           "layout + constants-once": (["--layout", "float16:expanded", "--constants-once"],
-                                      "generated-layout + constants-once + tinygrad-scheduler")}
+                                      "generated-layout + constants-once + tinygrad-scheduler"),
+          "kernel stacked + constants-once": (["--layout", "float16:kernel:stacked", "--constants-once"],
+                                              "generated-layout + constants-once + tinygrad-scheduler"),
+          "kernel stacked + fusion + constants-once": (
+              ["--layout", "float16:kernel:stacked", "--fusion", "norm", "--constants-once"],
+              "generated-layout + fusion + constants-once + tinygrad-scheduler"),
+          "kernel stacked + gemv + fusion + constants-once": (
+              ["--layout", "float16:kernel:stacked", "--gemv", "1:1:4:16", "--fusion", "norm", "--constants-once"],
+              "generated-layout + gemv-geometry + fusion + constants-once + tinygrad-scheduler")}
 
 
 def main() -> None:
@@ -42,7 +53,8 @@ def main() -> None:
         trace = json.load(open(out))
         row = {"route": name, "flags": flags, "label": trace["route"]["label"], "process_s": time.perf_counter() - t0,
                "median_token_us": statistics.median(trace["token_wall_us"]), "token_wall_us": trace["token_wall_us"],
-               "output_tokens": trace["output_tokens"], "families": trace["route"]["settings"].get("families")}
+               "output_tokens": trace["output_tokens"], "families": trace["route"]["settings"].get("families"),
+               "kernels_per_token": sum(k["token"] == trace["kernels"][0]["token"] for k in trace["kernels"])}
         if name != "default":
             checks = os.path.join(tmp, "checks.json")
             with open(checks, "w") as f:
@@ -54,7 +66,8 @@ def main() -> None:
             row["gates"] = {g: v["status"] for g, v in j["gates"].items()}
         row["trace"] = out
         rows.append(row)
-        print(f"{name:26s} {row['median_token_us'] / 1e3:8.1f} ms/token  {row.get('verdict', '')}", flush=True)
+        print(f"{name:48s} {row['median_token_us'] / 1e3:8.1f} ms/token {row['kernels_per_token']:5d} kernels  "
+              f"{row.get('verdict', '')}", flush=True)
     for r in rows:
         r.pop("trace")
     record = {"command": " ".join(sys.argv), "machine": platform.node(), "cpu": platform.processor() or platform.machine(),

@@ -6,6 +6,8 @@
 #                                                            --context ${CONTEXT:-512} --tokens ${TOKENS:-24} FLAGS
 #                                                            --ledger /tmp/run/ledger.sqlite -> /tmp/run/NAME/ (packed)
 #   bash bench/h200/brackets.sh launch                       boltbeam measure-target --launch (bracketed facts)
+#   bash bench/h200/brackets.sh geometry                     bench/h200/gemv_geometry.py: every legal gemv geometry per
+#                                                            product shape, checked then timed alone -> $OUT/gemv_geometry.json
 #   bash bench/h200/brackets.sh pack                         summaries, logs and nvidia-smi -> $OUT/run-$(date).tgz
 # tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back).
 set -u
@@ -33,6 +35,10 @@ case $1 in
       --out /tmp/run/measure_target_launch.json > /tmp/run/h200_launch.toml 2> /tmp/run/launch.log
     echo "launch: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a /tmp/run/stages.txt
     cat /tmp/run/h200_launch.toml; tail -2 /tmp/run/launch.log ;;
+  geometry)
+    timeout "${LIMIT:-300}" python3 bench/h200/gemv_geometry.py "$OUT/gemv_geometry.json" "${REPS:-20}" > /tmp/run/geometry.log 2>&1
+    echo "geometry: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a /tmp/run/stages.txt
+    tail -5 /tmp/run/geometry.log ;;
   pack)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > /tmp/run/nvidia-smi.csv
     tar czf "$OUT/run-$(date +%H%M).tgz" -C /tmp/run --exclude '*.trace.json' . ;;

@@ -107,7 +107,7 @@ def main(out, reps=20, shrink=1):
         for g in sorted(sights, key=lambda g: sights[g].us):     # FutureSight's order: a cut-off keeps its best
             if time.time() - t0 > SECONDS_PER_SHAPE:
                 break
-            word_p.geometry, word_p.memo = g, None
+            word_p.geometry, word_p.thread_groups, word_p.memo = g, Device[Device.DEFAULT].renderer.has_local, None
             got = word_p.gemv(x, "kernel").numpy().ravel()
             err = float(np.abs(got - want).max() / np.abs(want).max())
             opts = g.opts(word_p, 1, Device[Device.DEFAULT].renderer.has_local)

@@ -110,6 +110,8 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
     """Turn the planes of every kernel-form layout layer into words and give their kernel the geometry."""
     import time
 
+    from tinygrad import Device
+
     t0 = time.perf_counter()
     kernel = [m for m in layers(net, census) if m.form == "kernel"]
     if not kernel:
@@ -120,7 +122,7 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
     for m in planes.values():
         p = m.planes
         p.to_words()
-        p.geometry = geometry
+        p.geometry, p.thread_groups = geometry, Device[p.low.device].renderer.has_local
         prepared.applied += geometry.divides(p)
         prepared.bytes += p.nbytes
         for t in (p.low, p.high):

@@ -111,9 +111,11 @@ class Planes:
     offset: Any | None   # (rows, cols/group), or None: every offset is -zero x scale
     zero: int = 0
     # low and high held as 32-bit words (float32 views of the same bytes, so tinygrad loads four at once),
-    # and the geometry the word kernel takes for one input row (route/gemv.py's; None: the compiler's opts).
+    # the geometry the word kernel takes for one input row (route/gemv.py's; None: the compiler's opts),
+    # and whether their device runs thread groups (read at install: no device is asked inside a capture)
     words: bool = False
     geometry: Any | None = None
+    thread_groups: bool = False
     # The generated kernel's last (input, product): the layers of a stack ask for the same product,
     # and a custom kernel's fresh output buffer keeps tinygrad from merging the identical requests.
     memo: Any = field(default=None, repr=False, compare=False)
@@ -204,7 +206,7 @@ class Planes:
         the norm in: the input times w in both sums, and beside them each group's sum of the input's
         squares, reduced over the groups with the product, so the row's result is multiplied once by
         1 / sqrt(mean of squares + eps). The norm's own kernels are then not needed."""
-        from tinygrad import Device, Tensor, UOp, dtypes
+        from tinygrad import Tensor, UOp, dtypes
         from tinygrad.uop.ops import AxisType, KernelInfo, Ops
         n, groups, high_width = x.shape[0], self.cols // self.group, self.bits - 4
         reduce = lambda i: UOp.range(*i, AxisType.REDUCE)
@@ -261,7 +263,7 @@ class Planes:
                 out = out * (squares * (1.0 / self.cols) + norm.eps).sqrt().reciprocal()
             opts = None
             if self.words and self.geometry is not None:
-                opts = self.geometry.opts(self, n, Device[self.low.device].renderer.has_local, squares=norm is not None)
+                opts = self.geometry.opts(self, n, self.thread_groups, squares=norm is not None)
             name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
             return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
 
