@@ -43,7 +43,7 @@ class Fusion:
     @classmethod
     def parse(cls, flag: str) -> "Fusion":
         on = flag.split("+")
-        if not on or any(f not in FIELDS for f in on):
+        if any(f not in FIELDS for f in on):
             raise BadInput(f"--fusion {flag}: expected what to fold, of {', '.join(FIELDS)} (joined by '+')")
         return cls(**{f: int(f in on) for f in FIELDS})
 
