@@ -139,14 +139,16 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
     return Split(**from_route)
 
 
-def knobs_of(kind, fields: tuple[str, ...], flag: str | None, from_route: dict[str, int] | None, what: str):
-    """A family's setting of type `kind` from its flag or the route file's table `what`; None when off."""
+def knobs_of(kind, flag: str | None, from_route: dict[str, int] | None, what: str):
+    """A family's setting of dataclass `kind` from its flag or the route file's table `what`; None when off."""
+    import dataclasses
     if flag is not None:
         return kind.parse(flag)
     if from_route is None:
         return None
-    if set(from_route) != set(fields):
-        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(fields)}")
+    keys = [f.name for f in dataclasses.fields(kind)]
+    if set(from_route) != set(keys):
+        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(keys)}")
     return kind(**from_route)
 
 
@@ -159,8 +161,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     constants = args.constants_once or bool(route and route[1].constants_once)
     split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
     from boltbeam.route import fusion, gemv
-    geometry = knobs_of(gemv.Geometry, gemv.FIELDS, args.gemv, route[1].gemv if route else None, "gemv")
-    folded = knobs_of(fusion.Fusion, fusion.FIELDS, args.fusion, route[1].fusion if route else None, "fusion")
+    geometry = knobs_of(gemv.Geometry, args.gemv, route[1].gemv if route else None, "gemv")
+    folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
     prepare = families_of(layout, constants, split, geometry, folded)
     from boltbeam.measure.tinygrad_run import profile
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:

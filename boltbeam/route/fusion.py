@@ -14,7 +14,7 @@ variable length), the norm runs first, as before.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import FUSION_LABEL
@@ -24,7 +24,6 @@ from boltbeam.route.layout import LayoutLinear, module_at
 
 FAMILY = FUSION_LABEL
 SPACE = "fusion"                   # its knobs and their values: data/spaces.toml
-FIELDS = ("norm",)
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,9 @@ class Fusion:
         if any(f not in FIELDS for f in on):
             raise BadInput(f"--fusion {flag}: expected what to fold, of {', '.join(FIELDS)} (joined by '+')")
         return cls(**{f: int(f in on) for f in FIELDS})
+
+
+FIELDS = tuple(f.name for f in fields(Fusion))    # its knobs, in the flag's order
 
 
 class Normed:

@@ -18,7 +18,7 @@ kernel form), never by a model's names.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import GEMV_LABEL
@@ -28,7 +28,6 @@ from boltbeam.route.layout import WORD_BITS, layers
 FAMILY = GEMV_LABEL
 SPACE = "gemv"                     # its knobs' values and rules: data/spaces.toml
 MOST_UNROLLED = 32                 # tinygrad unrolls a range by at most this much
-FIELDS = ("lanes_per_row", "rows_per_group", "rows_per_thread", "load_bytes")
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,9 @@ class Geometry:
         if has_local and self.lanes_per_row > 1:
             out.append(Opt(OptOps.GROUP, 0, self.lanes_per_row))    # the first reduce range: the groups
         return tuple(out)
+
+
+FIELDS = tuple(f.name for f in fields(Geometry))    # its knobs, in the flag's order
 
 
 def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
