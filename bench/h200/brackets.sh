@@ -10,36 +10,40 @@
 #                                                            product shape, checked then timed alone -> $OUT/gemv_geometry.json
 #   bash bench/h200/brackets.sh pack                         summaries, logs and nvidia-smi -> $OUT/run-$(date).tgz
 # tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back).
+# MODEL, DEVICE, TARGET (flags) and RUN (the stages' folder, /tmp/run) default to the above; a CPU rehearsal of a plan sets them to a tiny model.
 set -u
-export DEV=CUDA CACHEDB=/tmp/tinygrad_cache.db
-mkdir -p /tmp/run
+model=${MODEL:-/tmp/m.gguf} device=${DEVICE:-CUDA}
+read -ra target <<< "${TARGET:---target h200}"
+export DEV=$device CACHEDB=${CACHEDB:-/tmp/tinygrad_cache.db}
+RUN=${RUN:-/tmp/run}
+mkdir -p "$RUN"
 start=$(date +%s)
 case $1 in
   route)
     name=$2; shift 2
-    timeout "${LIMIT:-500}" python3 -m boltbeam profile /tmp/m.gguf --device CUDA --context "${CONTEXT:-512}" \
-      --tokens "${TOKENS:-24}" "$@" --out "/tmp/run/$name.trace.json" --json > "/tmp/run/$name.summary.json" 2> "/tmp/run/$name.log"
+    timeout "${LIMIT:-500}" python3 -m boltbeam profile "$model" --device "$device" --context "${CONTEXT:-512}" \
+      --tokens "${TOKENS:-24}" "$@" --out "$RUN/$name.trace.json" --json > "$RUN/$name.summary.json" 2> "$RUN/$name.log"
     rc=$?
-    [ -e "/tmp/run/$name.trace.json" ] && gzip -c "/tmp/run/$name.trace.json" > "$OUT/$name.json.gz"
-    echo "$name: rc=$rc wall=$(( $(date +%s) - start )) s; profile $*" | tee -a /tmp/run/stages.txt
-    tail -2 "/tmp/run/$name.log" ;;
+    [ -e "$RUN/$name.trace.json" ] && gzip -c "$RUN/$name.trace.json" > "$OUT/$name.json.gz"
+    echo "$name: rc=$rc wall=$(( $(date +%s) - start )) s; profile $*" | tee -a $RUN/stages.txt
+    tail -2 "$RUN/$name.log" ;;
   search)
     name=$2; shift 2
-    timeout "${LIMIT:-500}" python3 -m boltbeam search /tmp/m.gguf --device CUDA --target h200 --context "${CONTEXT:-512}" \
-      --tokens "${TOKENS:-24}" "$@" --ledger /tmp/run/ledger.sqlite --out "/tmp/run/$name" --json \
-      > "/tmp/run/$name.search.json" 2> "/tmp/run/$name.log"
-    echo "$name: rc=$? wall=$(( $(date +%s) - start )) s; search $*" | tee -a /tmp/run/stages.txt
-    tail -3 "/tmp/run/$name.log"; head -c 1500 "/tmp/run/$name.search.json"; echo ;;
+    timeout "${LIMIT:-500}" python3 -m boltbeam search "$model" --device "$device" "${target[@]}" --context "${CONTEXT:-512}" \
+      --tokens "${TOKENS:-24}" "$@" --ledger $RUN/ledger.sqlite --out "$RUN/$name" --json \
+      > "$RUN/$name.search.json" 2> "$RUN/$name.log"
+    echo "$name: rc=$? wall=$(( $(date +%s) - start )) s; search $*" | tee -a $RUN/stages.txt
+    tail -3 "$RUN/$name.log"; head -c 1500 "$RUN/$name.search.json"; echo ;;
   launch)
     timeout "${LIMIT:-300}" python3 -m boltbeam measure-target --launch --name h200-launch --size-mb 1024 --reps 10 \
-      --out /tmp/run/measure_target_launch.json > /tmp/run/h200_launch.toml 2> /tmp/run/launch.log
-    echo "launch: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a /tmp/run/stages.txt
-    cat /tmp/run/h200_launch.toml; tail -2 /tmp/run/launch.log ;;
+      --out $RUN/measure_target_launch.json > $RUN/h200_launch.toml 2> $RUN/launch.log
+    echo "launch: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a $RUN/stages.txt
+    cat $RUN/h200_launch.toml; tail -2 $RUN/launch.log ;;
   geometry)
-    timeout "${LIMIT:-300}" python3 bench/h200/gemv_geometry.py "$OUT/gemv_geometry.json" "${REPS:-20}" > /tmp/run/geometry.log 2>&1
-    echo "geometry: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a /tmp/run/stages.txt
-    tail -5 /tmp/run/geometry.log ;;
+    timeout "${LIMIT:-300}" python3 bench/h200/gemv_geometry.py "$OUT/gemv_geometry.json" "${REPS:-20}" > $RUN/geometry.log 2>&1
+    echo "geometry: rc=$? wall=$(( $(date +%s) - start )) s" | tee -a $RUN/stages.txt
+    tail -5 $RUN/geometry.log ;;
   pack)
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > /tmp/run/nvidia-smi.csv
-    tar czf "$OUT/run-$(date +%H%M).tgz" -C /tmp/run --exclude '*.trace.json' . ;;
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > $RUN/nvidia-smi.csv
+    tar czf "$OUT/run-$(date +%H%M).tgz" -C $RUN --exclude '*.trace.json' . ;;
 esac

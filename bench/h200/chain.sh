@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device session's stages as one chain in the background (setsid), so that neither a device call's
+# 10-minute limit nor the half-minute a machine stays warm between calls cuts a stage short: each call
+# after the first only waits for the chain and brings back what it has written. After
+# `source bench/h200/setup.sh`:
+#   bash bench/h200/chain.sh start           copy the repo to /tmp/repo (later calls re-copy the working tree),
+#                                            start the chain there, return at once
+#   bash bench/h200/chain.sh wait SECONDS    wait for the chain that long at most, then pack $RUN into $OUT
+# The chain, each stage bench/h200/brackets.sh's: every legal gemv geometry timed alone (geometry); the
+# route the search found (START_ROUTE, cold BEAM=2); then the families in FAMILIES, each searched on the
+# route the last search chose (the start route where none was promoted), judged against that route's
+# own trace, so no baseline is profiled twice. Its log: $RUN/chain.log; done: $RUN/chain.done.
+# MODEL, DEVICE, TARGET and RUN go to brackets.sh (a CPU rehearsal sets them to a tiny model).
+set -u
+RUN=${RUN:-/tmp/run}
+export RUN
+case $1 in
+  start)
+    mkdir -p "$RUN/out"
+    rm -rf /tmp/repo && cp -r . /tmp/repo
+    (cd /tmp/repo && setsid nohup bash bench/h200/chain.sh run > "$RUN/chain.log" 2>&1 < /dev/null &)
+    echo "chain started: $RUN/chain.log" ;;
+  run)
+    export OUT=$RUN/out PYTHONPATH=${SITE:-/tmp/site}:$PWD
+    B=bench/h200/brackets.sh
+    on=${START_ROUTE:-bench/h200/searched/split/route.json} base=$RUN/searched.trace.json
+    [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
+    bash $B route searched --route "$on"
+    for fam in ${FAMILIES:-fusion constants_once gemv}; do
+      budget=1; [ "$fam" = gemv ] && budget=${GEMV_BUDGET:-2}
+      LIMIT=${SEARCH_LIMIT:-600} bash $B search "$fam" --family "$fam" --on "$on" --baseline "$base" --budget "$budget"
+      if [ -e "$RUN/$fam/route.json" ]; then    # promoted: the next family goes on this route, its trace the baseline
+        on=$RUN/$fam/route.json
+        base=$(python3 - "$RUN/$fam" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1] + "/search.json"))
+print(sys.argv[1] + "/" + s["family"] + "_" + s["chosen"].replace(":", "_") + ".json")
+PY
+)
+      fi
+      echo "after $fam: on $on, baseline $base" | tee -a "$RUN/stages.txt"
+    done
+    touch "$RUN/chain.done" ;;
+  wait)
+    end=$(( $(date +%s) + $2 ))
+    while [ ! -e "$RUN/chain.done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    [ -e "$RUN/chain.done" ] && echo "chain done" || echo "chain still running"
+    cat "$RUN/stages.txt" 2>/dev/null; tail -3 "$RUN/chain.log"
+    cp "$RUN"/out/* "$OUT"/ 2>/dev/null
+    bash bench/h200/brackets.sh pack ;;
+esac
