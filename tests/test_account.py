@@ -506,3 +506,19 @@ def test_compare_refuses_a_token_faster_than_physics(capsys, tmp_path, model, ti
     code, out, err = run(capsys, "compare", pa, pb, "--model", model, "--target", "h200")
     assert code == 3 and out == "" and "measurement error: A's fastest token" in err and err.count("\n") == 1
     assert run(capsys, "compare", pa, pb)[0] == 0          # without floors there is nothing to check it against
+
+
+def test_a_launch_faster_than_its_assumed_loads_allow_is_not_called_starving(tiny_bound):
+    """Little's law at one 16-byte load a thread caps 32 x 32 threads far below the memory; a role measured
+    faster than that cap keeps more loads in flight than assumed: the account says so instead of starving."""
+    b = tiny_bound.role("ffn_down")
+    reach = 32 * 32 * 16 / H200.fact("memory_latency")
+    least_us = b.bytes / reach * 1e6
+    fast = least_us / 2
+    assert fast > b.floor_us
+    ks = token([kernel(fast, "ffn_down", bytes=b.bytes, global_size=[32], local_size=[32])])
+    down = line(account(make_trace([ks], [span(ks)], [span(ks)]), tiny_bound, H200), "ffn_down")
+    assert "starving" not in down.causes
+    assert "Little's law not judged" in down.detail and "more than one load in flight each" in down.detail
+    slow = token([kernel(least_us * 2, "ffn_down", bytes=b.bytes, global_size=[32], local_size=[32])])
+    assert line(account(make_trace([slow], [span(slow)], [span(slow)]), tiny_bound, H200), "ffn_down").cause == "starving"

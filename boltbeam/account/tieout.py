@@ -253,7 +253,7 @@ def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us
               bandwidth: float, load_bytes: int) -> _Cause | str | None:
     """Little's law on the launch geometry holding most of the role's time: a _Cause when it has
     fewer bytes in flight than the memory needs, None when it has enough, a sentence when it cannot
-    be judged."""
+    be judged (among them: the role ran faster than the bytes assumed in flight a thread allow)."""
     latency = target.fact("memory_latency")
     if latency is None:
         return "the target lacks memory_latency: Little's law not applied"
@@ -274,9 +274,14 @@ def _starving(kernels: list[Kernel], moved_bytes: float, floor_us: float, gap_us
     launch = (f"{_prod(global_size):,} groups of {_prod(local_size):,} threads = {threads:,} threads"
               if local_size else f"{threads:,} threads (no local size)")
     capped = f", capped at {resident:,} resident" if resident and threads > resident else ""
+    launch += capped
     reach = in_flight / latency
     least_us = moved_bytes / reach * 1e6
-    sentence = (f"starving: launches {launch}{capped}, at most {fmt_bytes(in_flight)} in flight ({load_bytes} B "
+    if least_us > floor_us + gap_us:    # it ran faster than the assumption allows: the assumption is wrong here
+        return (f"Little's law not judged: at {load_bytes} B in flight a thread (one wide load each: assumed) "
+                f"{launch} could draw at most {_rate(reach)}, yet it drew {_rate(moved_bytes / (floor_us + gap_us) * 1e6)}"
+                f": its threads keep more than one load in flight each")
+    sentence = (f"starving: launches {launch}, at most {fmt_bytes(in_flight)} in flight ({load_bytes} B "
                 f"per thread, one wide load each: assumed); the memory needs {fmt_bytes(needed)} in flight "
                 f"({_rate(bandwidth)} x {latency * 1e9:,.0f} ns), {in_flight / needed:.1%} of it, so it can draw "
                 f"at most {_rate(reach)} and needs at least {_us(least_us)}")
