@@ -259,6 +259,21 @@ def test_more_in_flight_predicts_no_slower_with_a_latency():
     assert predict(WORK, {"group": 16}, H200).memory_us < predict(WORK, {"group": 1}, H200).memory_us
 
 
+def test_fewer_groups_than_multiprocessors_draw_their_share():
+    """32 groups on h200's 132 multiprocessors: Little's law on their threads, times the share in use; with as
+    many threads in more groups than multiprocessors, no such term."""
+    from boltbeam.search.future import Calibration
+    cal = Calibration()
+    sms, latency = H200.fact("multiprocessors"), H200.fact("memory_latency")
+    few = predict(WORK, {"local": 8}, H200, cal)                        # 256 threads, 32 groups
+    assert "multiprocessors in use" in few.terms
+    littles = min(H200.bandwidth, 256 * cal.bytes_in_flight_per_thread / latency)
+    assert few.memory_us == pytest.approx(WORK.bytes / (littles * 32 / sms) * 1e6)
+    many = predict(WORK, {"local": 1}, H200, cal)                       # the same threads, 256 groups
+    assert "multiprocessors in use" not in many.terms
+    assert many.memory_us == pytest.approx(WORK.bytes / littles * 1e6) and many.us < few.us
+
+
 def test_a_fact_the_target_lacks_leaves_its_term_out():
     no_latency = without(HOST, "memory_latency")
     preds = [predict(WORK, {"unroll": u}, no_latency) for u in (1, 4, 16)]
