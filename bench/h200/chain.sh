@@ -9,7 +9,8 @@
 # The chain, each stage bench/h200/brackets.sh's: every legal gemv geometry timed alone (geometry); the
 # route the search found (START_ROUTE, cold BEAM=2); then the families in FAMILIES, each searched on the
 # route the last search chose (the start route where none was promoted), judged against that route's
-# own trace, so no baseline is profiled twice. Its log: $RUN/chain.log; done: $RUN/chain.done.
+# own trace, so no baseline is profiled twice (gemv: GEMV_FLAGS, each product timed alone first). Its log:
+# $RUN/chain.log; done: $RUN/chain.done.
 # MODEL, DEVICE, TARGET and RUN go to brackets.sh (a CPU rehearsal sets them to a tiny model).
 set -u
 RUN=${RUN:-/tmp/run}
@@ -27,14 +28,14 @@ case $1 in
     [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
     bash $B route searched --route "$on"
     for fam in ${FAMILIES:-fusion constants_once gemv}; do
-      budget=1; [ "$fam" = gemv ] && budget=${GEMV_BUDGET:-2}
-      LIMIT=${SEARCH_LIMIT:-600} bash $B search "$fam" --family "$fam" --on "$on" --baseline "$base" --budget "$budget"
+      flags=(--budget 1); [ "$fam" = gemv ] && read -ra flags <<< "${GEMV_FLAGS:---budget 2 --alone 40 --seconds-per-kernel 20}"
+      LIMIT=${SEARCH_LIMIT:-600} bash $B search "$fam" --family "$fam" --on "$on" --baseline "$base" "${flags[@]}"
       if [ -e "$RUN/$fam/route.json" ]; then    # promoted: the next family goes on this route, its trace the baseline
         on=$RUN/$fam/route.json
         base=$(python3 - "$RUN/$fam" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1] + "/search.json"))
-print(sys.argv[1] + "/" + s["family"] + "_" + s["chosen"].replace(":", "_") + ".json")
+print(s["chosen_trace"])
 PY
 )
       fi

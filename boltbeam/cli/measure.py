@@ -65,7 +65,8 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "chunk's partial results to buffers of their own before the combine")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES", help="the geometry of the layout's generated "
                    "kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows a thread, bytes a load; "
-                   "its planes held as 32-bit words (spaces.toml, family gemv)")
+                   "its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
+                   "ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the compiler's opts)")
     p.add_argument("--fusion", metavar="norm", help="fold into the layout's generated kernel (needs --layout ...:kernel): "
                    "`norm` folds each RMS norm whose every reader runs that kernel into those products (spaces.toml, "
                    "family fusion)")
@@ -161,7 +162,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     constants = args.constants_once or bool(route and route[1].constants_once)
     split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
     from boltbeam.route import fusion, gemv
-    geometry = knobs_of(gemv.Geometry, args.gemv, route[1].gemv if route else None, "gemv")
+    geometry = gemv.setting_of(args.gemv, route[1].gemv if route else None, f"route {route[0]}" if route else "route")
     folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
     prepare = families_of(layout, constants, split, geometry, folded)
     from boltbeam.measure.tinygrad_run import profile

@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(its other families), judged against the route as it is; the new route keeps both")
     p.add_argument("--baseline", metavar="TRACE.json", help="with a whole-token family: judge against this profile "
                    "of the route the settings go on (same model, device, context and --beam) instead of profiling it")
+    p.add_argument("--alone", type=int, metavar="K", help="with --family gemv: first time each product of the route's "
+                   "layout alone at its K best predicted geometries (at most --seconds-per-kernel S a product), and "
+                   "judge the fastest geometry for each product before the family's single geometries")
     fan = p.add_mutually_exclusive_group()
     fan.add_argument("--workers", type=int, metavar="N", help="time on a local Dask cluster of N worker processes, "
                      "one device each (on CUDA, worker i sees GPU i); planning and the ledger stay here")
@@ -106,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     if args.family in WHOLE_TOKEN:
         return _choose_whole(model, target, args)
-    if args.beam or args.baseline or args.on:
-        raise BadInput(f"--beam, --on and --baseline judge whole tokens: they go with --family {' or '.join(WHOLE_TOKEN)}")
+    if args.beam or args.baseline or args.on or args.alone:
+        raise BadInput(f"--beam, --on, --baseline and --alone judge whole tokens: they go with --family "
+                       f"{' or '.join(WHOLE_TOKEN)}")
     fam = searchable(args.family)
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
@@ -181,6 +185,9 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     if args.layout or args.constants_once or args.no_judge:
         raise BadInput(f"--family {family.name} judges each of its settings itself: drop --layout, "
                        "--constants-once and --no-judge (a route with them goes in --on)")
+    if args.alone is not None and (family.name != "gemv" or args.alone < 1 or not args.seconds_per_kernel > 0):
+        raise BadInput(f"--alone {args.alone}: geometries timed alone a product go with --family gemv, 1 or more, "
+                       f"with --seconds-per-kernel above 0")
     census = take_census(model)
     sha = sha256_file(model)
     on = None
@@ -200,7 +207,8 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
             task = bar.add_task(f"judging {family.name}'s settings", total=None)
             choice = choose(family, model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
                             lambda what: bar.update(task, description=escape(what)), beam=beam,
-                            budget=args.budget, baseline=baseline, on=on)
+                            budget=args.budget, baseline=baseline, on=on, alone=args.alone,
+                            seconds=args.seconds_per_kernel)
     route = None
     if choice.chosen:
         route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, beam)
@@ -218,6 +226,13 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
                                [[c.flag, f"{c.predicted_us:,.1f}", f"{c.median_us:,.1f}" if c.median_us else "",
                                  c.verdict or "skipped", c.skipped or "; ".join(c.reasons)] for c in choice.candidates],
                                right=(1, 2)))
+        if choice.alone:
+            con.print(report.table("each product alone: its geometries in FutureSight's order, the fastest chosen",
+                                   ["product", "a token", "legal", "timed", "fastest", "µs", "Spearman"],
+                                   [[p.key, p.count, p.legal, sum(r.median_us is not None for r in p.timed),
+                                     p.best or "none", f"{p.best_us:,.2f}" if p.best_us else "",
+                                     "" if p.spearman is None else f"{p.spearman:.2f}"] for p in choice.alone],
+                                   right=(1, 2, 3, 5, 6)))
         for reason, n in choice.rejected.items():
             con.print(f"rejected before anything ran: {n:,}: {escape(reason)}")
         con.print(f"chosen: {summary['chosen'] or 'none promoted: no route written'}")

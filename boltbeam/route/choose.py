@@ -39,7 +39,7 @@ from boltbeam.measure.route import (CONSTANTS_LABEL, FUSION_LABEL, GEMV_LABEL, L
                                     Route, engine, routed_label)
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route import attention, constants, fusion, gemv
+from boltbeam.route import alone as alone_timing, attention, constants, fusion, gemv
 from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
@@ -101,6 +101,7 @@ class Candidate:
     reasons: list[str] = field(default_factory=list)
     median_us: float | None = None
     skipped: str | None = None     # why it did not run: the ledger or the budget
+    trace: str | None = None       # its whole-token profile
 
     @property
     def flag(self) -> str:
@@ -114,11 +115,14 @@ class Choice:
     candidates: list[Candidate]
     chosen: Candidate | None
     rejected: dict[str, int] = field(default_factory=dict)    # BubbleBeam: settings a rule in chip facts rejects, by rule
+    alone: list[alone_timing.Product] = field(default_factory=list)   # gemv: each product's geometries timed alone
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "baseline_median_us": self.baseline_median_us,
-                "chosen": self.chosen.flag if self.chosen else None, "rejected_by_reason": self.rejected,
-                "candidates": [{**asdict(c), "setting": c.flag} for c in self.candidates]}
+                "chosen": self.chosen.flag if self.chosen else None,
+                "chosen_trace": self.chosen.trace if self.chosen else None, "rejected_by_reason": self.rejected,
+                "candidates": [{**asdict(c), "setting": c.flag} for c in self.candidates],
+                **({"alone": [asdict(p) for p in self.alone]} if self.alone else {})}
 
 
 def layout_setting(values: dict[str, int]) -> Setting:
@@ -186,12 +190,18 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
 
 
+def taken_groups(census, setting: Setting) -> list[list]:
+    """The layers the layout takes, in the groups one product reads: a stack each when the stack is on,
+    else one layer each."""
+    taken = [t for t in census.tensors if _taken(t)]
+    return stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]
+
+
 def layout_products(census, setting: Setting) -> list[Planes]:
     """The products one token runs with the layout, as planes without tensors (their shapes and bits):
     one a layer, or one a stack when the stack is on."""
-    taken = [t for t in census.tensors if _taken(t)]
     products = []
-    for group in (stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]):
+    for group in taken_groups(census, setting):
         v = values_of(group[0].format)
         products.append(Planes(sum(t.shape[1] for t in group), group[0].shape[0], v.bits, v.group,
                                None, None, None, None))
@@ -291,7 +301,7 @@ SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
                    lambda v: attention.Split(v["chunk"], bool(v["staged"])), split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
 GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
-                  lambda s: ["--gemv", s.flag], asdict, kernel_layout_needed(gemv.SPACE))
+                  lambda s: ["--gemv", s.flag], lambda s: s.stored(), kernel_layout_needed(gemv.SPACE))
 FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
                     lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE))
 CONSTANTS = WholeToken(constants.SPACE, CONSTANTS_LABEL, "constants_once", lambda v: constants.Once(**v),
@@ -351,13 +361,29 @@ def check_on(family: WholeToken, path: str, on: Route | None) -> None:
         raise BadInput(why)
 
 
+def per_product(census, route_on: Route, legal: list, target: Target, cal: Calibration, most: int, seconds: float,
+                say: Callable[[str], None]) -> tuple[Candidate | None, list]:
+    """gemv: each product of the route's layout timed alone at its `most` best predicted geometries
+    (route/alone.py), and the setting that gives each product its fastest, as a candidate whose
+    prediction is those times, each as often as a token runs its product (None: no product timed)."""
+    products = alone_timing.time_products(census, Setting(**route_on.layout), legal, target, cal, most, seconds, say)
+    chosen = [p for p in products if p.best is not None]
+    if not chosen:
+        return None, products
+    setting = gemv.PerProduct(tuple((p.key, Geometry.parse(p.best)) for p in chosen))
+    return Candidate(setting, sum(p.count * p.bytes for p in chosen), 0, sum(p.count * p.best_us for p in chosen),
+                     ("timed alone",)), products
+
+
 def choose(family: WholeToken, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
            sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
-           baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None) -> Choice:
+           baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
+           alone: int | None = None, seconds: float = 30.0) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on) or to tinygrad's own, against that route without them (BEAM width `beam` on both
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
-    promoted one wins."""
+    promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
+    at most `alone` a product and `seconds` of its own), and the geometry for each product is judged first."""
     path_on, route_on = on if on else ("none", None)
     cal = calibration(target.name)
     legal, rejected = legal_space(family, target)
@@ -367,6 +393,10 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
                                     sight.fraction))
     candidates.sort(key=lambda c: c.predicted_us)
+    products = []
+    if alone:
+        first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say)
+        candidates[:0] = [first] if first else []
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
     if baseline is None:
         say("the whole token without the family")
@@ -389,7 +419,8 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
             continue
         tried += 1
         say(f"the whole token with {family.name} {c.flag}")
-        path = out / f"{family.name}_{c.flag.replace(':', '_')}.json"
+        path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
+        c.trace = str(path)
         if failed := profile_elsewhere(model, device, str(path), *flags, *family.flags(c.setting)):
             raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
         trace = tracefile.load(str(path))
@@ -403,4 +434,4 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
                       reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
-    return Choice(family.name, median(base.token_wall_us), candidates, chosen, dict(rejected))
+    return Choice(family.name, median(base.token_wall_us), candidates, chosen, dict(rejected), products)

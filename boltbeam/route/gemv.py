@@ -12,12 +12,16 @@ of spaces.toml's `gemv` family, as tinygrad's own opts on the kernel, never BEAM
   load_bytes        bytes of packed values one load takes: 4, 8 or 16 (UNROLL on a group's words; a
                     group holding fewer words takes them all)
 
-A product whose rows or groups a setting does not divide keeps the compiler's choice for its kernel,
-and the family says how many did. Products are found by what they are (the layout's own layers in the
-kernel form), never by a model's names.
+A setting is one geometry for every product, or a geometry for each product (`PerProduct`, keyed by
+the product's facts: rows, columns, bits a value, elements a group), as the search chooses by timing
+each product alone (route/alone.py). A product whose rows or groups its geometry does not divide, or
+that a per-product setting does not name, keeps the compiler's choice for its kernel, and the family
+says how many did. Products are found by what they are (the layout's own layers in the kernel form),
+never by a model's names.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
@@ -50,8 +54,15 @@ class Geometry:
         """LANES:ROWS:PER_THREAD:LOAD_BYTES (profile --gemv)."""
         parts = flag.split(":")
         if len(parts) != len(FIELDS) or not all(p.isdigit() for p in parts):
-            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in FIELDS)}, e.g. 8:4:2:16")
+            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in FIELDS)}, e.g. 8:4:2:16, "
+                           f"or PRODUCT=... for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
         return cls(*map(int, parts))
+
+    def for_product(self, planes) -> "Geometry":
+        return self
+
+    def stored(self) -> dict[str, int]:
+        return asdict(self)
 
     def words_per_load(self, planes) -> int:
         """Words of packed values one load takes: load_bytes, at most a group's."""
@@ -108,8 +119,63 @@ class Geometry:
 FIELDS = tuple(f.name for f in fields(Geometry))    # its knobs, in the flag's order
 
 
-def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
-    """Turn the planes of every kernel-form layout layer into words and give their kernel the geometry."""
+def product_key(planes) -> str:
+    """A product by its facts, as its word kernel's shape depends on them: ROWSxCOLS:qBITS:gGROUP."""
+    return f"{planes.rows}x{planes.cols}:q{planes.bits}:g{planes.group}"
+
+
+@dataclass(frozen=True)
+class PerProduct:
+    """A geometry for each product, by product_key; a product it does not name keeps the compiler's opts."""
+    geometries: tuple[tuple[str, Geometry], ...]
+
+    @property
+    def flag(self) -> str:
+        """PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES for each product, joined by ','."""
+        return ",".join(f"{key}={g.flag}" for key, g in self.geometries)
+
+    @classmethod
+    def parse(cls, flag: str) -> "PerProduct":
+        pairs = [part.split("=") for part in flag.split(",")]
+        if any(len(p) != 2 or not re.fullmatch(KEY, p[0]) for p in pairs):
+            raise BadInput(f"--gemv {flag}: expected PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES for each product, "
+                           f"joined by ',' (PRODUCT as ROWSxCOLS:qBITS:gGROUP, e.g. 4096x4096:q4:g32=32:4:2:8)")
+        return cls(tuple((key, Geometry.parse(g)) for key, g in pairs))
+
+    @classmethod
+    def from_table(cls, table: dict, where: str) -> "PerProduct":
+        """A route file's table of product -> geometry knobs."""
+        for key, knobs in table.items():
+            if not re.fullmatch(KEY, key) or not isinstance(knobs, dict) or set(knobs) != set(FIELDS):
+                raise BadInput(f"{where}: gemv {key}: expected a product (ROWSxCOLS:qBITS:gGROUP) and the keys "
+                               f"{', '.join(FIELDS)}")
+        return cls(tuple((key, Geometry(**knobs)) for key, knobs in table.items()))
+
+    def for_product(self, planes) -> Geometry | None:
+        return dict(self.geometries).get(product_key(planes))
+
+    def stored(self) -> dict[str, dict[str, int]]:
+        return {key: asdict(g) for key, g in self.geometries}
+
+
+KEY = r"\d+x\d+:q\d+:g\d+"       # product_key's form
+
+
+def setting_of(flag: str | None, from_route: dict | None, where: str = "route") -> Geometry | PerProduct | None:
+    """The family's setting from profile --gemv or a route file's gemv table; None when off."""
+    if flag is not None:
+        return PerProduct.parse(flag) if "=" in flag else Geometry.parse(flag)
+    if from_route is None:
+        return None
+    if from_route and all(isinstance(v, dict) for v in from_route.values()):
+        return PerProduct.from_table(from_route, where)
+    if set(from_route) != set(FIELDS):
+        raise BadInput(f"{where} gemv {from_route}: expected the keys {', '.join(FIELDS)}, or a product for each")
+    return Geometry(**from_route)
+
+
+def install(net, census, model_path: str, geometry: Geometry | PerProduct) -> Prepared:
+    """Turn the planes of every kernel-form layout layer into words and give their kernel its geometry."""
     import time
 
     from tinygrad import Device
@@ -120,18 +186,20 @@ def install(net, census, model_path: str, geometry: Geometry) -> Prepared:
         raise BadInput(f"model {model_path}: --gemv shapes the layout's generated kernel; run it with --layout "
                        f"SCALES:kernel[:stacked] (no layer runs the kernel form)")
     planes = {id(m.planes): m for m in kernel}
-    prepared = Prepared(FAMILY, asdict(geometry), eligible=len(planes))
+    settings = asdict(geometry) if isinstance(geometry, Geometry) else {"per_product": geometry.flag}
+    prepared = Prepared(FAMILY, settings, eligible=len(planes))
     for m in planes.values():
         p = m.planes
         p.to_words()
-        p.geometry, p.thread_groups = geometry, Device[p.low.device].renderer.has_local
-        prepared.applied += geometry.divides(p)
+        p.geometry, p.thread_groups = geometry.for_product(p), Device[p.low.device].renderer.has_local
+        prepared.applied += p.geometry is not None and p.geometry.divides(p)
         prepared.bytes += p.nbytes
         for t in (p.low, p.high):
             if t is not None:
                 prepared.placed[id(t.uop.base.buffer.base)] = m.entries
     if prepared.applied < prepared.eligible:
         prepared.notes.append(f"{prepared.eligible - prepared.applied} of {prepared.eligible} products: rows or groups "
-                              f"the geometry does not divide; their kernels keep the compiler's choice")
+                              f"their geometry does not divide, or no geometry named; their kernels keep the "
+                              f"compiler's choice")
     prepared.seconds = time.perf_counter() - t0
     return prepared

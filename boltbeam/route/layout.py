@@ -7,7 +7,7 @@ high bits (a 5- or 6-bit format) packed beside, and one scale and one offset per
 (or a single zero point when every group's offset is a whole multiple of its scale).
 
 It is generated from four facts per format in formats.toml (`values`: bits, group, signed, the byte
-fields holding values), never written per format: tinygrad's own decoder (`ggml_data_to_tensor`,
+fields holding values; a fifth, offset, says which kind of planes to expect before any is built), never written per format: tinygrad's own decoder (`ggml_data_to_tensor`,
 the default route's math) decodes the blocks as they are, with their value bytes zeroed (each
 group's offset, read at the group's first element) and with every value set to one (offset +
 scale); each value is then round((weight - offset) / scale). A format tinygrad decodes and
@@ -46,6 +46,7 @@ class Values:
     group: int
     signed: bool
     fields: tuple[tuple[int, int, int], ...]   # (start, end, the byte that stores value 1)
+    offset: bool = True                         # a minimum a group; else a zero point (half the range)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def values_of(fmt: str) -> Values | None:
     v = formats().get(fmt, {}).get("values")
     if v is None:
         return None
-    return Values(int(v["bits"]), int(v["group"]), bool(v["signed"]), tuple(tuple(int(x) for x in f) for f in v["fields"]))
+    return Values(int(v["bits"]), int(v["group"]), bool(v["signed"]), tuple(tuple(int(x) for x in f) for f in v["fields"]),
+                  bool(v.get("offset", True)))
 
 
 def formats_with_layout() -> list[str]:

@@ -1,0 +1,181 @@
+"""Each product of a route's layout timed alone on the device at the gemv family's geometries: what the
+search measures before it judges a geometry for each product on the whole token (route/choose.py).
+
+A product is known by its facts (rows, columns, bits a value, elements a group, whether its format stores
+a minimum a group: an offset plane, or a zero point), never by a model's names; random planes of those facts are
+made on the device (never zeros). At each geometry the word kernel's product is first checked against
+the planes' weights times a random input (tensor code); only a geometry that computes that product is
+timed, as tinygrad's BEAM times a kernel (its own `_time_program`, the caches emptied before each run
+where the device can), on scratch buffers of the kernel's sizes filled with random bytes. Geometries go
+in FutureSight's order, `most` at most a product and no new one after `seconds` of the product's own;
+a product's choice is its fastest. Nothing here decides the route: the whole token does.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Callable
+
+import numpy as np
+
+from boltbeam.bound.targets import Target
+from boltbeam.route.gemv import Geometry, product_key
+from boltbeam.route.layout import Planes, Setting, values_of
+from boltbeam.search.future import Calibration, rank_correlation
+
+CHECK = 1e-4      # a geometry's product against the planes' weights times the input, relative to its largest
+REPS = 20         # timed runs of each geometry
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A product's facts: what its word kernel's shape and sums depend on."""
+    rows: int
+    cols: int
+    bits: int
+    group: int
+    offset: bool      # an offset a group (formats.toml values.offset); else a zero point, half the values' range
+
+    def planes(self) -> Planes:
+        """Planes of these facts without tensors (for FutureSight and the key)."""
+        return Planes(self.rows, self.cols, self.bits, self.group, None, None, None, None, self.zero)
+
+    @property
+    def zero(self) -> int:
+        return 0 if self.offset else 1 << (self.bits - 1)
+
+
+@dataclass
+class Timed:
+    """One geometry of one product: FutureSight's prediction and the times alone (or why none)."""
+    geometry: str
+    predicted_us: float
+    median_us: float | None = None
+    samples_us: list[float] | None = None
+    refused: str | None = None
+    relative_error: float | None = None
+
+
+@dataclass
+class Product:
+    """One product shape of the token: how many the token runs, its bytes, its geometries as timed."""
+    key: str
+    count: int
+    bytes: int
+    legal: int                                   # geometries that divide its shape
+    timed: list[Timed] = field(default_factory=list)
+    best: str | None = None
+    best_us: float | None = None
+    spearman: float | None = None                # FutureSight's order against the times
+    seconds: float = 0.0
+
+
+def shapes(census, setting: Setting) -> Counter:
+    """The products one token runs with the layout, by shape, counted (route/choose.py's products, with
+    whether each format stores an offset a group)."""
+    from boltbeam.route.choose import taken_groups
+    counts: Counter = Counter()
+    for group in taken_groups(census, setting):
+        v = values_of(group[0].format)
+        counts[Shape(sum(t.shape[1] for t in group), group[0].shape[0], v.bits, v.group, v.offset)] += 1
+    return counts
+
+
+def random_planes(shape: Shape, scale_dtype: str, rng) -> Planes:
+    """Realized planes of the shape's facts holding random bytes, their scales (and offsets) small."""
+    from tinygrad import Tensor
+    rows, cols = shape.rows, shape.cols
+    u8 = lambda n: Tensor(rng.integers(0, 256, (rows, n), dtype=np.uint8))
+    small = lambda: Tensor(rng.uniform(-1e-2, 1e-2, (rows, cols // shape.group)).astype(scale_dtype))
+    p = Planes(rows, cols, shape.bits, shape.group, u8(cols if shape.bits == 8 else cols // 2),
+               u8(cols * (shape.bits - 4) // 8) if 4 < shape.bits < 8 else None, small(),
+               small() if shape.offset else None, shape.zero)
+    Tensor.realize(*p.tensors())
+    return p
+
+
+def kernel_ast(p: Planes, x):
+    """The AST of the planes' generated kernel on input x, as tinygrad schedules it (nothing runs)."""
+    from tinygrad.uop.ops import Ops
+    p.memo = None
+    calls = p.kernel_product(x).linear_with_vars()[0].src
+    return next(c.src[0] for c in calls if c.src[0].op is Ops.SINK and c.src[0].arg is not None
+                and c.src[0].arg.name.startswith("gemv"))
+
+
+def time_alone(ast, opts: tuple | None, reps: int, rng) -> list[float] | str:
+    """The kernel at these opts alone on the device, reps times (µs), or why it could not run."""
+    from tinygrad import Device
+    from tinygrad.codegen.opt import KernelOptError
+    from tinygrad.codegen.opt.postrange import bufs_from_ast
+    from tinygrad.codegen.opt.search import _time_program
+    from tinygrad.engine import realize
+
+    from boltbeam.measure.route import with_opts
+    ren = Device[Device.DEFAULT].renderer
+    try:
+        prg = realize.to_program(with_opts(ast, tuple(opts)) if opts is not None else ast, ren)
+    except (KernelOptError, RuntimeError) as e:
+        return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    bufs = [b.ensure_allocated() for b in bufs_from_ast(ast, Device.DEFAULT)]
+    for b in bufs:
+        b.copyin(memoryview(bytearray(rng.bytes(b.nbytes))))
+    try:
+        tms = _time_program(prg, {}, bufs, allow_test_size=False, cnt=reps,
+                            clear_l2=hasattr(Device[Device.DEFAULT], "invalidate_caches"))
+    except RuntimeError as e:    # a launch asking for more than a multiprocessor has
+        return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    return [t * 1e6 for t in tms]
+
+
+def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Geometry], target: Target,
+                 cal: Calibration, most: int, seconds: float, rng, reps: int = REPS) -> Product:
+    """The product's legal geometries in FutureSight's order, each checked then timed alone, until `most`
+    were timed or `seconds` passed; its fastest is its choice."""
+    from tinygrad import Device, Tensor
+
+    from boltbeam.route.choose import geometry_sight
+    t0 = time.monotonic()
+    p = random_planes(shape, scale_dtype, rng)
+    x = Tensor(rng.standard_normal((1, shape.cols)).astype(np.float32)).realize()
+    want = (x @ p.weights().T).numpy().ravel()
+    p.to_words()
+    ast = kernel_ast(p, x)
+    sights = {g: s for g in geometries if (s := geometry_sight(p, p.nbytes, g, target, cal)) is not None}
+    out = Product(product_key(p), count, p.nbytes, len(sights))
+    groups = Device[Device.DEFAULT].renderer.has_local
+    for g in sorted(sights, key=lambda g: sights[g].us)[:most]:
+        if time.monotonic() - t0 > seconds:
+            break
+        p.geometry, p.thread_groups, p.memo = g, groups, None
+        got = p.gemv(x, "kernel").numpy().ravel()
+        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        row = Timed(g.flag, sights[g].us, relative_error=err)
+        samples = time_alone(ast, g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
+            f"wrong product: relative error {err:.3g}"
+        if isinstance(samples, list):
+            row.median_us, row.samples_us = median(samples), samples
+        else:
+            row.refused = samples
+        out.timed.append(row)
+    ok = [r for r in out.timed if r.median_us is not None]
+    if ok:
+        best = min(ok, key=lambda r: r.median_us)
+        out.best, out.best_us = best.geometry, best.median_us
+        out.spearman = rank_correlation([r.predicted_us for r in ok], [r.median_us for r in ok])
+    out.seconds = round(time.monotonic() - t0, 2)
+    return out
+
+
+def time_products(census, setting: Setting, geometries: list[Geometry], target: Target, cal: Calibration,
+                  most: int, seconds: float, say: Callable[[str], None] = lambda s: None) -> list[Product]:
+    """Every product shape of the layout, timed alone at its geometries (time_product), biggest first."""
+    rng = np.random.default_rng(0)
+    counted = sorted(shapes(census, setting).items(), key=lambda kv: -kv[0].rows * kv[0].cols * kv[0].bits)
+    out = []
+    for shape, count in counted:
+        say(f"timing geometries alone: {product_key(shape.planes())}")
+        out.append(time_product(shape, count, setting.scale_dtype, geometries, target, cal, most, seconds, rng))
+    return out
