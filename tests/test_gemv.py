@@ -135,9 +135,16 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
     layout_bytes = choose.predicted_bytes(census, layout.Setting("float16", "kernel", "stacked"))
     untaken = sum(t.bytes_per_token for t in census.tensors if not choose._taken(t) and not t.tied)
     assert {s.bytes for s in sight.values()} == {layout_bytes - untaken}
-    # Little's law: more bytes in flight a thread (wider loads, more rows a thread) is never predicted slower.
+    # Little's law: more bytes in flight a thread (wider loads) is never predicted slower at the same groups.
     assert sight["8:4:1:16"].memory_us <= sight["8:4:1:4"].memory_us
-    assert sight["8:4:4:16"].memory_us <= sight["8:4:1:16"].memory_us
+    # Nor more rows a thread, on a product of as many groups as multiprocessors or more...
+    big = layout.Planes(24576, 4096, 4, 32, None, None, None, None)
+    nbytes = big.rows * big.cols // 2
+    more, fewer = (choose.geometry_sight(big, nbytes, Geometry.parse(f), h200, cal) for f in ("8:4:4:16", "8:4:1:16"))
+    assert more.memory_us <= fewer.memory_us and "multiprocessors in use" not in more.terms + fewer.terms
+    # ...but the tiny model's products at 4 rows a thread leave most multiprocessors idle: each busy one its share.
+    assert "multiprocessors in use" in sight["8:4:4:16"].terms
+    assert sight["8:4:4:16"].memory_us > sight["8:4:1:16"].memory_us
     # A product whose rows a geometry does not divide is predicted at the generated kernel's measured rate.
     rows = {p.rows for p in choose.layout_products(census, layout.Setting(**on.layout))}
     odd = next((g for g in choose.GEMV.space(h200)[0] if any(r % (g.rows_per_group * g.rows_per_thread) for r in rows)), None)
