@@ -243,6 +243,7 @@ def test_a_geometry_for_each_product_goes_where_its_key_says(tiny_model):
     assert per.for_product(q4) == Geometry(8, 4, 2, 16) and per.for_product(q6) == Geometry(1, 32, 1, 4)
     assert per.for_product(q8) is None and Geometry(2, 16, 4, 8).for_product(q8) == Geometry(2, 16, 4, 8)
     for bad, said in (("64x1024=8:4:2:16", "PRODUCT=LANES"), ("64x1024:q4:g32=8:4", "expected LANES_PER_ROW"),
+                      ("64x1024:q4:g32=8:4:2:16,64x1024:q4:g32=1:32:1:4", "once for each product"),
                       ("64x1024:q4:g32=3:4:2:16", "lanes_per_row must be one of")):
         with pytest.raises(BadInput, match=said):
             gemv.setting_of(bad, None)

@@ -7,10 +7,11 @@ high bits (a 5- or 6-bit format) packed beside, and one scale and one offset per
 (or a single zero point when every group's offset is a whole multiple of its scale).
 
 It is generated from four facts per format in formats.toml (`values`: bits, group, signed, the byte
-fields holding values; a fifth, offset, says which kind of planes to expect before any is built), never written per format: tinygrad's own decoder (`ggml_data_to_tensor`,
-the default route's math) decodes the blocks as they are, with their value bytes zeroed (each
-group's offset, read at the group's first element) and with every value set to one (offset +
-scale); each value is then round((weight - offset) / scale). A format tinygrad decodes and
+fields holding values; a fifth, offset, says which kind of planes to expect before any is built),
+never written per format: tinygrad's own decoder (`ggml_data_to_tensor`, the default route's math)
+decodes the blocks as they are, with their value bytes zeroed (each group's offset, read at the
+group's first element) and with every value set to one (offset + scale); each value is then
+round((weight - offset) / scale). A format tinygrad decodes and
 formats.toml describes gets the layout; a wrong group size shows up as a mismatch at load.
 
 `Setting` is the family's knobs: the scales' data type, the gemv's form and the stack. "expanded"
