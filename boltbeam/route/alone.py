@@ -106,28 +106,14 @@ def kernel_ast(p: Planes, x):
 
 
 def time_alone(ast, opts: tuple | None, reps: int, rng) -> list[float] | str:
-    """The kernel at these opts alone on the device, reps times (µs), or why it could not run."""
+    """The kernel at these opts alone on the device, reps times (µs), on buffers of random bytes, or why
+    it could not run (the search's own compile and timing, search/compiler.py)."""
     from tinygrad import Device
-    from tinygrad.codegen.opt import KernelOptError
-    from tinygrad.codegen.opt.postrange import bufs_from_ast
-    from tinygrad.codegen.opt.search import _time_program
-    from tinygrad.engine import realize
 
-    from boltbeam.measure.route import with_opts
+    from boltbeam.search.compiler import compile_ast, time_ast
     ren = Device[Device.DEFAULT].renderer
-    try:
-        prg = realize.to_program(with_opts(ast, tuple(opts)) if opts is not None else ast, ren)
-    except (KernelOptError, RuntimeError) as e:
-        return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-    bufs = [b.ensure_allocated() for b in bufs_from_ast(ast, Device.DEFAULT)]
-    for b in bufs:
-        b.copyin(memoryview(bytearray(rng.bytes(b.nbytes))))
-    try:
-        tms = _time_program(prg, {}, bufs, allow_test_size=False, cnt=reps,
-                            clear_l2=hasattr(Device[Device.DEFAULT], "invalidate_caches"))
-    except RuntimeError as e:    # a launch asking for more than a multiprocessor has
-        return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-    return [t * 1e6 for t in tms]
+    prg = compile_ast(ast, ren, None if opts is None else tuple(opts))
+    return prg if isinstance(prg, str) else time_ast(ast, ren, prg, reps, rng.bytes)
 
 
 def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Geometry], target: Target,

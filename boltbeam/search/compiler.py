@@ -183,11 +183,16 @@ def opts_of(setting: dict[str, int], shape: KernelShape) -> list[RoutedOpt]:
 
 def build(c: Captured, opts: list[RoutedOpt] | None):
     """The compiled program for these opts (None: tinygrad's own heuristics), or the compiler's refusal."""
-    from tinygrad.codegen.opt import KernelOptError, Opt, OptOps
+    from tinygrad.codegen.opt import Opt, OptOps
+    return compile_ast(c.ast, c.renderer, None if opts is None else tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in opts))
+
+
+def compile_ast(ast, renderer, opts: tuple | None):
+    """The kernel compiled with these tinygrad opts (None: its own heuristics or opts), or the refusal."""
+    from tinygrad.codegen.opt import KernelOptError
     from tinygrad.engine import realize
-    ast = c.ast if opts is None else with_opts(c.ast, tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in opts))
     try:
-        return realize.to_program(ast, c.renderer)
+        return realize.to_program(ast if opts is None else with_opts(ast, opts), renderer)
     except KernelOptError as e:
         return f"tinygrad refuses: {e}"
     except RuntimeError as e:   # the device's compiler failed on what tinygrad rendered
@@ -195,15 +200,23 @@ def build(c: Captured, opts: list[RoutedOpt] | None):
 
 
 def time_program(c: Captured, prg, reps: int) -> list[float] | str:
-    """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes, the
-    caches emptied before each run where the device can (as tinygrad's BEAM times); or why it failed."""
+    """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes (time_ast)."""
+    return time_ast(c.ast, c.renderer, prg, reps)
+
+
+def time_ast(ast, renderer, prg, reps: int, fill: Callable[[int], bytes] | None = None) -> list[float] | str:
+    """The program of `ast` alone on the device, reps times (µs), on scratch buffers of the kernel's sizes
+    (filled by `fill`, given their size, where it is given), the caches emptied before each run where the
+    device can (as tinygrad's BEAM times); or why it failed."""
     from tinygrad import Device
     from tinygrad.codegen.opt.postrange import bufs_from_ast
     from tinygrad.codegen.opt.search import _time_program
-    device = c.renderer.target.device
-    bufs = [b.ensure_allocated() for b in bufs_from_ast(c.ast, device)]
+    device = renderer.target.device
+    bufs = [b.ensure_allocated() for b in bufs_from_ast(ast, device)]
+    for b in bufs if fill else ():
+        b.copyin(memoryview(bytearray(fill(b.nbytes))))
     try:
-        tms = _time_program(prg, _mid_vals(c.ast), bufs, allow_test_size=False, cnt=reps,
+        tms = _time_program(prg, _mid_vals(ast), bufs, allow_test_size=False, cnt=reps,
                             clear_l2=hasattr(Device[device], "invalidate_caches"))
     except RuntimeError as e:   # e.g. a launch asking for more resources than a multiprocessor has
         return f"the launch failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
