@@ -41,15 +41,15 @@ def test_a_folded_norm_gives_the_normed_product(fmt):
     x = (rng.standard_normal(COLS) * 3).astype(np.float32)       # far from unit scale: the norm matters
     normed = x / np.sqrt((x.astype(np.float64) ** 2).mean() + EPS) * module.weight.numpy()
     want = ref @ normed
-    for words in (False, True):
+    for words, geometry in ((False, None), (True, Geometry(8, 4, 2, 16)), (True, Geometry(8, 4, 2, 16, 1))):
         p = layout.repack(b, fmt, ROWS, COLS, "float32")
-        if words:
+        if words:                       # the last: the normed input's group sums computed once
             p.to_words()
-            p.geometry = Geometry(8, 4, 2, 16)
+            p.geometry = geometry
         for form in layout.FORMS:       # the kernel folds it; tensor code runs the norm first
             p.memo = None
             got = p.gemv(Tensor(x).reshape(1, 1, COLS), form, norm).numpy().ravel()
-            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (fmt, words, form)
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (fmt, geometry, form)
     # A layer asked once with the norm and once without gets two products, not the first one twice.
     p.memo = None
     xt = Tensor(x).reshape(1, 1, COLS)

@@ -23,7 +23,15 @@ from tests.test_profile import profile, refuses, refuses_routes
 ROWS, COLS = 64, 1024
 # Each knob at more than one value, loads of every width, and rows a thread of every count.
 GEOMETRIES = [Geometry(1, 1, 1, 4), Geometry(8, 4, 2, 16), Geometry(2, 16, 4, 8), Geometry(32, 1, 1, 16),
-              Geometry(4, 8, 2, 4)]
+              Geometry(4, 8, 2, 4), Geometry(8, 4, 2, 16, 1), Geometry(1, 1, 4, 4, 1),    # these two: sums once
+              Geometry(8, 4, 2, 16, 0, 2), Geometry(1, 1, 4, 8, 1, 4)]                     # groups a step
+
+
+def kernels(p, x) -> list:
+    """The kernels the planes' generated product on input x schedules (nothing runs)."""
+    from tinygrad.uop.ops import Ops
+    p.memo = None
+    return [c.src[0] for c in p.kernel_product(x).linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
 
 
 def words(fmt: str, rng, rows: int = ROWS, cols: int = COLS):
@@ -51,6 +59,10 @@ def test_word_kernel_equals_tinygrads_decode_at_every_geometry(fmt):
         p.geometry, p.memo = g, None
         got = p.gemv(Tensor(x).reshape(1, 1, COLS), "kernel").numpy().ravel()
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (fmt, g.flag)
+        # Every listed format stores an offset or a zero point, so the input's group sums, asked once, are
+        # a kernel of their own before the product's.
+        assert g.sums_once(p) == bool(g.input_sums)
+        assert len(kernels(p, Tensor(x).reshape(1, COLS).realize())) == 1 + g.input_sums, (fmt, g.flag)
     # Several input rows (a prefill) take the compiler's opts, never the geometry's, and are right too.
     xs = rng.standard_normal((3, COLS)).astype(np.float32)
     p.memo = None
@@ -88,6 +100,33 @@ def test_thread_groups_run_the_geometry_they_are_given(fmt):
         assert math.prod(info.global_size) == rows // (g.rows_per_group * g.rows_per_thread)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+def test_many_lanes_a_row_and_the_input_sums_once_on_thread_groups(fmt):
+    """Up to 256 threads splitting one row's groups (combined in local memory), with the input's group sums
+    computed once or in every thread, and two groups a step: on the PYTHON device, the product stays the
+    planes' weights times the input and each group launches rows_per_group x lanes_per_row threads."""
+    from tinygrad import Device, Tensor, dtypes
+    from tinygrad.codegen import to_program
+    rng = np.random.default_rng(8)
+    rows, cols = 2, 4096            # 128 groups a row (Q4_K), 256 (Q6_K)
+    _, p = words(fmt, rng, rows, cols)
+    clear = lambda t: None if t is None else (t.bitcast(dtypes.uint32) & ~(1 << 30)).bitcast(dtypes.float32).contiguous()
+    p.low, p.high = clear(p.low), clear(p.high)     # no NaN words on the PYTHON device (see the test above)
+    w = p.weights().numpy()
+    on = dataclasses.replace(p, **{f: t.to("PYTHON").realize() for f in ("low", "high", "scale", "offset")
+                                   if (t := getattr(p, f)) is not None})
+    x = rng.standard_normal(cols).astype(np.float32)
+    for g in (Geometry(128, 1, 2, 16), Geometry(64, 2, 1, 8, 1, 2)):
+        on.geometry, on.thread_groups, on.memo = g, True, None
+        xt = Tensor(x, device="PYTHON").reshape(1, cols)
+        got = on.kernel_product(xt).numpy().ravel()
+        assert np.abs(got - w @ x).max() <= 1e-5 * np.abs(w @ x).max(), (fmt, g.flag)
+        product = next(k for k in kernels(on, xt) if k.arg.name.startswith("gemv_words"))
+        info = to_program(product, Device["PYTHON"].renderer).arg
+        assert math.prod(info.local_size) == g.rows_per_group * g.lanes_per_row, (fmt, g.flag)
+        assert math.prod(info.global_size) == rows // (g.rows_per_group * g.rows_per_thread)
+
+
 def test_a_geometry_fits_a_shape_or_leaves_it_to_the_compiler():
     rng = np.random.default_rng(2)
     _, q4 = words("Q4_K", rng, 32, 512)  # 32 rows, 16 groups a row, 4 words a group
@@ -103,6 +142,23 @@ def test_a_geometry_fits_a_shape_or_leaves_it_to_the_compiler():
     with pytest.raises(BadInput, match="expected LANES_PER_ROW:ROWS_PER_GROUP"):
         Geometry.parse("8:4")
     assert Geometry.parse("8:4:2:16") == Geometry(8, 4, 2, 16) and Geometry(8, 4, 2, 16).flag == "8:4:2:16"
+    # The input's sums once: a fifth number, left out where it is 0 (so every earlier flag reads the same).
+    assert Geometry.parse("8:4:2:16:1") == Geometry(8, 4, 2, 16, 1) and Geometry(8, 4, 2, 16, 1).flag == "8:4:2:16:1"
+    assert Geometry.parse("8:4:2:16:0") == Geometry(8, 4, 2, 16)
+    with pytest.raises(BadInput, match="input_sums must be one of 0, 1"):
+        Geometry.parse("8:4:2:16:2")
+    # Sums once take the sums' range out of the opts: one unroll fewer, the rest the same.
+    once, each = Geometry(8, 4, 2, 16, 1).opts(q4), Geometry(8, 4, 2, 16).opts(q4)
+    unrolls = lambda opts: [o for o in opts if o.op.name == "UNROLL"]
+    assert len(unrolls(once)) == len(unrolls(each)) - 1
+    assert [o for o in once if o.op.name != "UNROLL"] == [o for o in each if o.op.name != "UNROLL"]
+    assert not Geometry(32, 1, 1, 16, 1).sums_once(q4)           # a geometry that does not fit does nothing
+    # Groups a step: a sixth number (the fifth then written out), one more unroll, on the groups; the lanes
+    # and the step must split a row's groups whole.
+    assert Geometry.parse("8:4:2:16:0:2") == Geometry(8, 4, 2, 16, 0, 2) and Geometry(8, 4, 2, 16, 0, 2).flag == "8:4:2:16:0:2"
+    stepped = Geometry(8, 1, 2, 16, 0, 2).opts(q4)
+    assert len(unrolls(stepped)) == len(unrolls(Geometry(8, 1, 2, 16).opts(q4))) + 1
+    assert Geometry(8, 1, 1, 16, 0, 2).opts(q4) is not None and Geometry(16, 1, 1, 16, 0, 2).opts(q4) is None   # 16 groups
 
 
 def test_bubblebeam_keeps_the_geometries_the_chips_facts_allow():
@@ -111,7 +167,8 @@ def test_bubblebeam_keeps_the_geometries_the_chips_facts_allow():
     assert legal and all(g.lanes_per_row * g.rows_per_group % 32 == 0 for g in legal)
     assert all(g.lanes_per_row * g.rows_per_group <= 1024 for g in legal)
     assert rejected["thread_group_width: partial thread groups leave lanes idle"] > 0
-    assert len(legal) + sum(rejected.values()) == 6 * 6 * 3 * 3
+    assert len(legal) + sum(rejected.values()) == 9 * 6 * 3 * 3 * 2 * 3
+    assert rejected["max_threads_per_group: a group cannot hold more threads than the chip allows"] > 0   # 256 x 8
     # A chip that declares no thread-group width gets no geometry, and says which fact it lacks.
     from tests.test_search import CPU_TARGETS
     cpu = get_target("host-like", [CPU_TARGETS])
@@ -145,6 +202,13 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
     # ...but the tiny model's products at 4 rows a thread leave most multiprocessors idle: each busy one its share.
     assert "multiprocessors in use" in sight["8:4:4:16"].terms
     assert sight["8:4:4:16"].memory_us > sight["8:4:1:16"].memory_us
+    # The input's sums once: the same Little's law, and one more kernel at the target's measured cost.
+    once, each = (choose.geometry_sight(big, nbytes, Geometry.parse(f), h200, cal) for f in ("8:4:4:16:1", "8:4:4:16"))
+    assert once.us == pytest.approx(each.us + h200.fact(choose.PER_KERNEL_FACT) * 1e6) and once.us > each.us
+    assert "one more kernel" in once.terms and "one more kernel" not in each.terms
+    # Groups a step: more loads in flight a thread, never predicted slower.
+    stepped = choose.geometry_sight(big, nbytes, Geometry.parse("8:4:1:16:0:2"), h200, cal)
+    assert stepped.memory_us <= choose.geometry_sight(big, nbytes, Geometry.parse("8:4:1:16"), h200, cal).memory_us
     # A product whose rows a geometry does not divide is predicted at the generated kernel's measured rate.
     rows = {p.rows for p in choose.layout_products(census, layout.Setting(**on.layout))}
     odd = next((g for g in choose.GEMV.space(h200)[0] if any(r % (g.rows_per_group * g.rows_per_thread) for r in rows)), None)
@@ -234,7 +298,9 @@ def test_a_geometry_for_each_product_goes_where_its_key_says(tiny_model):
     assert gemv.setting_of(per.flag, None) == per == gemv.PerProduct.from_table(per.stored(), "r")
     assert gemv.setting_of(None, per.stored()) == per and gemv.setting_of("8:4:2:16", None) == Geometry(8, 4, 2, 16)
     assert gemv.setting_of(None, {"lanes_per_row": 8, "rows_per_group": 4, "rows_per_thread": 2,
-                                  "load_bytes": 16}) == Geometry(8, 4, 2, 16)
+                                  "load_bytes": 16}) == Geometry(8, 4, 2, 16)       # a route file from before input_sums
+    with_sums = gemv.PerProduct((("64x1024:q4:g32", Geometry(8, 4, 2, 16, 1)),))
+    assert gemv.setting_of(None, with_sums.stored()) == with_sums == gemv.setting_of(with_sums.flag, None)
     rng = np.random.default_rng(3)
     _, q4 = words("Q4_K", rng)
     _, q6 = words("Q6_K", rng)
@@ -247,7 +313,7 @@ def test_a_geometry_for_each_product_goes_where_its_key_says(tiny_model):
                       ("64x1024:q4:g32=3:4:2:16", "lanes_per_row must be one of")):
         with pytest.raises(BadInput, match=said):
             gemv.setting_of(bad, None)
-    for table, said in (({"64x1024:q4:g32": {"lanes_per_row": 8}}, "expected a product"),
+    for table, said in (({"64x1024:q4:g32": {"lanes_per_row": 8}}, "product 64x1024:q4:g32: gemv .* expected the keys"),
                         ({"q4": {f: 1 for f in gemv.FIELDS}}, "expected a product"), ({"lanes_per_row": 8}, "expected the keys")):
         with pytest.raises(BadInput, match=said):
             gemv.setting_of(None, table)
@@ -295,6 +361,23 @@ def test_each_product_alone_checked_then_timed_in_futuresights_order(tiny_model)
     assert [r.predicted_us for r in got.timed] == sorted(r.predicted_us for r in got.timed)
     assert all(r.relative_error <= alone.CHECK and len(r.samples_us) == 3 and r.refused is None for r in got.timed)
     assert got.best_us == min(r.median_us for r in got.timed) and got.best in {r.geometry for r in got.timed}
+    assert all(len(r.kernels_us) == 1 for r in got.timed)
+    # Sums once: two kernels timed, each recorded, the product's time their sum run by run.
+    two = alone.time_product(shape, 1, "float16", [Geometry(1, 32, 1, 4, 1)], target, Calibration(), 1, 60.0, rng, reps=3)
+    (row,) = two.timed
+    assert row.relative_error <= alone.CHECK and len(row.kernels_us) == 2 and len(row.samples_us) == 3
+    assert row.median_us == pytest.approx(np.median(row.samples_us)) and min(row.kernels_us) > 0
+    # Equal predictions are sampled across the space, not in the order they were listed: on a product whose
+    # geometries FutureSight mostly predicts alike, the first timed are not simply the first listed.
+    wide = alone.Shape(8192, 512, 4, 32, True)         # enough threads that many geometries reach the floor
+    legal = [g for g in choose.GEMV.space(target)[0] if g.divides(wide.planes())]
+    alike = alone.time_product(wide, 1, "float16", legal, target, Calibration(), 4, 60.0, np.random.default_rng(1),
+                               reps=1)
+    best = min(r.predicted_us for r in alike.timed)
+    listed = [g.flag for g in legal if choose.geometry_sight(wide.planes(), alike.bytes, g, target, Calibration()).us
+              == best]
+    assert len(listed) > 4 and [r.geometry for r in alike.timed] != listed[:4]
+    assert {r.geometry for r in alike.timed} <= set(listed)
     # Out of time before the first geometry: nothing timed, nothing chosen.
     none = alone.time_product(shape, 1, "float16", geometries, target, Calibration(), 2, 0.0, rng, reps=3)
     assert none.timed == [] and none.best is None

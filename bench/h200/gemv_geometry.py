@@ -23,7 +23,7 @@ from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import Opt, OptOps
 
 from boltbeam.bound.targets import get_target
-from boltbeam.route.alone import Shape, kernel_ast, random_planes, time_alone, time_product
+from boltbeam.route.alone import Shape, kernel_asts, random_planes, time_alone, time_product
 from boltbeam.route.choose import GEMV
 from boltbeam.search.future import calibration
 
@@ -52,7 +52,8 @@ def main(out, reps=20, shrink=1):
         shape = Shape(rows // shrink, cols, bits, group, offset)
         byte_p = random_planes(shape, "float16", rng)
         x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
-        yard = time_alone(kernel_ast(byte_p, x), [Opt(OptOps[o], a, g) for o, a, g in beam_opts], reps, rng)
+        yard = time_alone(kernel_asts(byte_p, x), [Opt(OptOps[o], a, g) for o, a, g in beam_opts], reps, rng)
+        yard = yard[0] if isinstance(yard, list) else yard      # the byte kernel: one kernel
         # every legal geometry in FutureSight's order, each checked then timed, until the time is up
         got = time_product(shape, 1, "float16", geometries, target, cal, len(geometries), SECONDS_PER_SHAPE, rng, reps)
         ok = [r for r in got.timed if r.median_us is not None]

@@ -6,9 +6,11 @@ a minimum a group: an offset plane, or a zero point), never by a model's names; 
 made on the device (never zeros). At each geometry the word kernel's product is first checked against
 the planes' weights times a random input (tensor code); only a geometry that computes that product is
 timed, as tinygrad's BEAM times a kernel (its own `_time_program`, the caches emptied before each run
-where the device can), on scratch buffers of the kernel's sizes filled with random bytes. Geometries go
-in FutureSight's order, `most` at most a product and no new one after `seconds` of the product's own;
-a product's choice is its fastest. Nothing here decides the route: the whole token does.
+where the device can), on scratch buffers of the kernel's sizes filled with random bytes; a geometry that
+computes the input's group sums once is timed with that kernel's time added. Geometries go in
+FutureSight's order (equal predictions in a seeded random order), `most` at most a product and no new
+one after `seconds` of the product's own; a product's choice is its fastest. Nothing here decides the
+route: the whole token does.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class Timed:
     predicted_us: float
     median_us: float | None = None
     samples_us: list[float] | None = None
+    kernels_us: list[float] | None = None      # each kernel's median alone, the generated one first
     refused: str | None = None
     relative_error: float | None = None
 
@@ -96,24 +99,33 @@ def random_planes(shape: Shape, scale_dtype: str, rng) -> Planes:
     return p
 
 
-def kernel_ast(p: Planes, x):
-    """The AST of the planes' generated kernel on input x, as tinygrad schedules it (nothing runs)."""
+def kernel_asts(p: Planes, x) -> tuple:
+    """The ASTs of the kernels the planes' product on input x runs, as tinygrad schedules them (nothing
+    runs): the generated kernel first, then any other (the input's group sums, where the geometry computes
+    them once)."""
     from tinygrad.uop.ops import Ops
     p.memo = None
-    calls = p.kernel_product(x).linear_with_vars()[0].src
-    return next(c.src[0] for c in calls if c.src[0].op is Ops.SINK and c.src[0].arg is not None
-                and c.src[0].arg.name.startswith("gemv"))
+    sinks = [c.src[0] for c in p.kernel_product(x).linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
+    return tuple(sorted(sinks, key=lambda a: not (a.arg is not None and a.arg.name.startswith("gemv"))))
 
 
-def time_alone(ast, opts: tuple | None, reps: int, rng) -> list[float] | str:
-    """The kernel at these opts alone on the device, reps times (µs), on buffers of random bytes, or why
-    it could not run (the search's own compile and timing, search/compiler.py)."""
+def time_alone(asts: tuple, opts: tuple | None, reps: int, rng) -> list[list[float]] | str:
+    """The product's kernels alone on the device, the generated one at these opts and any other at the
+    compiler's own, each reps times on buffers of random bytes (µs, a list for each kernel), or why one
+    could not run (the search's own compile and timing, search/compiler.py). Each kernel alone pays its own
+    launch, which a token's graph mostly hides: a product of two kernels pays it twice here."""
     from tinygrad import Device
 
     from boltbeam.search.compiler import compile_ast, time_ast
     ren = Device[Device.DEFAULT].renderer
-    prg = compile_ast(ast, ren, None if opts is None else tuple(opts))
-    return prg if isinstance(prg, str) else time_ast(ast, ren, prg, reps, rng.bytes)
+    out = []
+    for i, ast in enumerate(asts):
+        prg = compile_ast(ast, ren, None if opts is None or i else tuple(opts))
+        samples = prg if isinstance(prg, str) else time_ast(ast, ren, prg, reps, rng.bytes)
+        if isinstance(samples, str):
+            return samples
+        out.append(samples)
+    return out
 
 
 def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Geometry], target: Target,
@@ -128,21 +140,28 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     x = Tensor(rng.standard_normal((1, shape.cols)).astype(np.float32)).realize()
     want = (x @ p.weights().T).numpy().ravel()
     p.to_words()
-    ast = kernel_ast(p, x)
+    asts = {}     # the product's kernels, by whether the geometry computes the input's group sums once
     sights = {g: s for g in geometries if (s := geometry_sight(p, p.nbytes, g, target, cal)) is not None}
     out = Product(product_key(p), count, p.nbytes, len(sights))
     groups = Device[Device.DEFAULT].renderer.has_local
-    for g in sorted(sights, key=lambda g: sights[g].us)[:most]:
+    # FutureSight predicts many geometries alike (at the bandwidth floor): among equal predictions it has no
+    # order, so they go in a random one (seeded), and `most` samples them across the space, not one corner
+    tie = dict(zip(geometries, rng.permutation(len(geometries)).tolist()))
+    for g in sorted(sights, key=lambda g: (sights[g].us, tie[g]))[:most]:
         if time.monotonic() - t0 > seconds:
             break
         p.geometry, p.thread_groups, p.memo = g, groups, None
         got = p.gemv(x, "kernel").numpy().ravel()
         err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
         row = Timed(g.flag, sights[g].us, relative_error=err)
-        samples = time_alone(ast, g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
+        once = g.sums_once(p)
+        if once not in asts:
+            asts[once] = kernel_asts(p, x)
+        samples = time_alone(asts[once], g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
             f"wrong product: relative error {err:.3g}"
-        if isinstance(samples, list):
-            row.median_us, row.samples_us = median(samples), samples
+        if isinstance(samples, list):     # the product's time: its kernels' summed run by run
+            row.samples_us = [sum(run) for run in zip(*samples)]
+            row.median_us, row.kernels_us = median(row.samples_us), [median(k) for k in samples]
         else:
             row.refused = samples
         out.timed.append(row)

@@ -221,13 +221,22 @@ def kernel_layout_needed(family: str) -> Callable[[Route | None], str | None]:
 def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target: Target, cal: Calibration):
     """FutureSight on one product of `nbytes` at a geometry, or None where the geometry does not divide
     its shape: Little's law at the geometry's threads, each keeping one load of `load_bytes` (at most a
-    group's) in flight for each row it sums."""
+    group's) in flight for each row it sums and each group of a step; computing the input's group sums
+    once adds a kernel."""
     if not geometry.divides(p):
         return None
     word = dataclasses.replace(cal, bytes_in_flight_per_thread=WORD_BITS // 8, unroll_adds_in_flight=True)
-    return predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
-                   {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
-                    "unroll": geometry.words_per_load(p) * geometry.rows_per_thread}, target, word)
+    sight = predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
+                    {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
+                     "unroll": geometry.words_per_load(p) * geometry.rows_per_thread * geometry.groups_per_step},
+                    target, word)
+    if geometry.sums_once(p):
+        # The input's group sums run as a kernel of their own: one more kernel at the target's measured cost.
+        # What they save (the input read once a group, not again in every thread) is read from the cache,
+        # which this model does not see.
+        sight.us += (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
+        sight.terms.append("one more kernel")
+    return sight
 
 
 def gemv_prediction(census, geometry: Geometry, context: int, target: Target, cal: Calibration,

@@ -11,6 +11,12 @@ of spaces.toml's `gemv` family, as tinygrad's own opts on the kernel, never BEAM
   rows_per_thread   rows one thread sums, reading each input value once for all of them (UPCAST)
   load_bytes        bytes of packed values one load takes: 4, 8 or 16 (UNROLL on a group's words; a
                     group holding fewer words takes them all)
+  groups_per_step   consecutive groups a lane reads in one step (UNROLL on the groups): their loads in flight
+                    together, before the lanes split the rest
+  input_sums        1: the input's sum over each group (what a format's offset or zero point multiplies)
+                    is computed once, by a kernel of its own, and read by every row; 0: every thread sums
+                    the inputs of its groups itself, reading the input (32-bit values, eight times a 4-bit
+                    weight's bytes) a second time through the cache
 
 A setting is one geometry for every product, or a geometry for each product (`PerProduct`, keyed by
 the product's facts: rows, columns, bits a value, elements a group), as the search chooses by timing
@@ -22,7 +28,7 @@ never by a model's names.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import GEMV_LABEL
@@ -40,6 +46,8 @@ class Geometry:
     rows_per_group: int
     rows_per_thread: int
     load_bytes: int
+    input_sums: int = 0
+    groups_per_step: int = 1
 
     def __post_init__(self):
         from boltbeam.search.space import check_knobs
@@ -47,16 +55,30 @@ class Geometry:
 
     @property
     def flag(self) -> str:
-        return ":".join(str(getattr(self, f)) for f in FIELDS)
+        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP]], the trailing ones left out at their
+        defaults (so a flag from before they existed reads the same)."""
+        values = [getattr(self, f) for f in FIELDS]
+        while len(values) > len(REQUIRED) and values[-1] == DEFAULTS[FIELDS[len(values) - 1]]:
+            values.pop()
+        return ":".join(map(str, values))
 
     @classmethod
     def parse(cls, flag: str) -> "Geometry":
-        """LANES:ROWS:PER_THREAD:LOAD_BYTES (profile --gemv)."""
+        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP]] (profile --gemv)."""
         parts = flag.split(":")
-        if len(parts) != len(FIELDS) or not all(p.isdigit() for p in parts):
-            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in FIELDS)}, e.g. 8:4:2:16, "
-                           f"or PRODUCT=... for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
+        if not len(REQUIRED) <= len(parts) <= len(FIELDS) or not all(p.isdigit() for p in parts):
+            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in REQUIRED)}"
+                           f"[:{FIELDS[len(REQUIRED)].upper()}[:{FIELDS[-1].upper()}]], e.g. 8:4:2:16, or PRODUCT=... "
+                           f"for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
         return cls(*map(int, parts))
+
+    @classmethod
+    def from_knobs(cls, knobs, where: str, alternative: str = "") -> "Geometry":
+        """A route file's knobs (those with a default may be left out)."""
+        if not isinstance(knobs, dict) or not set(REQUIRED) <= set(knobs) <= set(FIELDS):
+            raise BadInput(f"{where} gemv {knobs}: expected the keys {', '.join(FIELDS)} (those after "
+                           f"{REQUIRED[-1]} may be left out){alternative}")
+        return cls(**knobs)
 
     def for_product(self, planes) -> "Geometry":
         return self
@@ -71,21 +93,31 @@ class Geometry:
     def divides(self, planes, n: int = 1) -> bool:
         """The setting fits this product's shape: one input row, rows and groups split whole."""
         return (n == 1 and planes.rows % (self.rows_per_group * self.rows_per_thread) == 0
-                and (planes.cols // planes.group) % self.lanes_per_row == 0)
+                and (planes.cols // planes.group) % (self.lanes_per_row * self.groups_per_step) == 0)
+
+    def sums_once(self, planes, n: int = 1) -> bool:
+        """The word kernel reads the input's group sums, computed once, instead of summing them itself: where
+        the setting asks for it and fits the shape (every format with a layout stores an offset or a zero
+        point a group, which multiplies those sums: formats.toml, checked by the tests)."""
+        return bool(self.input_sums) and self.divides(planes, n)
 
     def opts(self, planes, n: int = 1, has_local: bool = True, squares: bool = False) -> tuple | None:
         """tinygrad's opts for the word kernel of these planes, or None where the setting does not fit the
         shape. Its ranges: rows; then the reductions: groups; a group's words and a word's values (the
-        product); where the planes have an offset or a zero point, a group's elements (the input's sum);
+        product); where the planes have an offset or a zero point and the kernel sums the input itself
+        (not sums_once), a group's elements (the input's sum);
         with a norm folded in (`squares`), a group's elements again (the input's squares). Every value of
-        a word is unrolled, a load's words unrolled and as many elements of each sum, the rows a thread
-        sums upcast, then the rows of a group and the lanes a row split the rows and the groups. A device
-        without thread groups (a CPU) takes the loads and the rows a thread sums, not the threads."""
+        a word is unrolled, a load's words unrolled and as many elements of each sum, then the groups a
+        step, the rows a thread sums upcast, then the rows of a group and the lanes a row split the rows
+        and the groups left (each lane a step's groups side by side with its neighbours'). A device
+        without thread groups (a CPU) takes the loads, the groups a step and the rows a thread sums, not
+        the threads."""
         from tinygrad.codegen.opt import Opt, OptOps
         if not self.divides(planes, n):
             return None
         per = planes.values_per_word
-        sums = planes.offset is not None or bool(planes.zero)    # the kernel sums the input over a group too
+        # the kernel sums the input over a group too
+        sums = (planes.offset is not None or bool(planes.zero)) and not self.sums_once(planes, n)
         # the reduce ranges tinygrad may unroll, in its order (by range id), with their sizes: an
         # UNROLL's axis is an index into this list, and a range unrolled whole leaves it
         sums_of_group = (["sum"] if sums else []) + (["squares"] if squares else [])
@@ -107,6 +139,7 @@ class Geometry:
         unroll("words", self.words_per_load(planes))
         for name in sums_of_group:    # as many elements a step as one load of values covers
             unroll(name, min(MOST_UNROLLED, per * self.words_per_load(planes)))
+        unroll("groups", self.groups_per_step)   # whole only with one lane a row (divides: lanes x step | groups)
         if self.rows_per_thread > 1:
             out.append(Opt(OptOps.UPCAST, 0, self.rows_per_thread))
         if has_local and self.rows_per_group > 1:
@@ -117,6 +150,8 @@ class Geometry:
 
 
 FIELDS = tuple(f.name for f in fields(Geometry))    # its knobs, in the flag's order
+DEFAULTS = {f.name: f.default for f in fields(Geometry) if f.default is not MISSING}
+REQUIRED = tuple(f for f in FIELDS if f not in DEFAULTS)
 
 
 def product_key(planes) -> str:
@@ -145,11 +180,10 @@ class PerProduct:
     @classmethod
     def from_table(cls, table: dict, where: str) -> "PerProduct":
         """A route file's table of product -> geometry knobs."""
-        for key, knobs in table.items():
-            if not re.fullmatch(KEY, key) or not isinstance(knobs, dict) or set(knobs) != set(FIELDS):
-                raise BadInput(f"{where}: gemv {key}: expected a product (ROWSxCOLS:qBITS:gGROUP) and the keys "
-                               f"{', '.join(FIELDS)}")
-        return cls(tuple((key, Geometry(**knobs)) for key, knobs in table.items()))
+        for key in table:
+            if not re.fullmatch(KEY, key):
+                raise BadInput(f"{where}: gemv {key}: expected a product (ROWSxCOLS:qBITS:gGROUP) and its geometry")
+        return cls(tuple((key, Geometry.from_knobs(knobs, f"{where}: product {key}:")) for key, knobs in table.items()))
 
     def for_product(self, planes) -> Geometry | None:
         return dict(self.geometries).get(product_key(planes))
@@ -169,9 +203,7 @@ def setting_of(flag: str | None, from_route: dict | None, where: str = "route") 
         return None
     if from_route and all(isinstance(v, dict) for v in from_route.values()):
         return PerProduct.from_table(from_route, where)
-    if set(from_route) != set(FIELDS):
-        raise BadInput(f"{where} gemv {from_route}: expected the keys {', '.join(FIELDS)}, or a product for each")
-    return Geometry(**from_route)
+    return Geometry.from_knobs(from_route, where, ", or a product (ROWSxCOLS:qBITS:gGROUP) for each")
 
 
 def install(net, census, model_path: str, geometry: Geometry | PerProduct) -> Prepared:

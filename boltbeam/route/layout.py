@@ -203,7 +203,8 @@ class Planes:
         input summed, then scaled once, and the input's sum per group times the offset (or the zero
         point), both reductions nested in one kernel. Byte planes: its opts are tinygrad's heuristics'
         or BEAM's. Word planes: each value is shifted out of a 32-bit word, and the geometry, where it
-        divides the shape, sets the opts (route/gemv.py).
+        divides the shape, sets the opts (route/gemv.py); a geometry with input_sums reads each group's sum
+        of the input from a small kernel run before it, instead of summing the group in every thread.
 
         With `norm` (an RMS norm module: weight w, eps) the kernel takes the un-normed input and folds
         the norm in: the input times w in both sums, and beside them each group's sum of the input's
@@ -242,7 +243,8 @@ class Planes:
             high = rest[0] if self.high is not None else None
             scale = rest[1 if self.high is not None else 0]
             offset = rest[2 if self.high is not None else 1] if self.offset is not None else None
-            weight = rest[-1] if norm is not None else None
+            weight = rest[-2 if once else -1] if norm is not None else None
+            sums = rest[-1] if once else None
             b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
             g = reduce((groups, 2))
             xin = (lambda c: x[b, c] * weight[c].cast(dtypes.float)) if norm is not None else (lambda c: x[b, c])
@@ -252,12 +254,12 @@ class Planes:
             s = scale[r, g].cast(dtypes.float)
             term = inner * s
             if offset is not None or self.zero:
-                # the input's sum over the group; word planes give it a range of its own (one, the group's
-                # elements), since tinygrad's opts split a range in one reduction only and the geometry's
-                # opts must reach both
-                i = reduce((self.group, 5)) if self.words else None
-                xsum = (xin(g * self.group + i).reduce(i, arg=Ops.ADD) if self.words else
-                        xin(c).reduce(*inner_ranges, arg=Ops.ADD))
+                # the input's sum over the group: read where it was computed once (sums), else summed here;
+                # word planes give it a range of its own (one, the group's elements), since tinygrad's opts
+                # split a range in one reduction only and the geometry's opts must reach both
+                i = reduce((self.group, 5)) if self.words and sums is None else None
+                xsum = (sums[b, g] if sums is not None else xin(g * self.group + i).reduce(i, arg=Ops.ADD)
+                        if self.words else xin(c).reduce(*inner_ranges, arg=Ops.ADD))
                 term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
             out = term.reduce(g, arg=Ops.ADD)
             if norm is not None:
@@ -270,9 +272,16 @@ class Planes:
             name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
             return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
 
+        # the input's group sums computed once, by tensor code (a kernel of its own), where the geometry asks
+        once = (self.words and self.geometry is not None and self.geometry.sums_once(self, n)
+                and (self.offset is not None or bool(self.zero)))
+        group_sums = []
+        if once:
+            xw = x.float() * norm.weight.float() if norm is not None else x.float()
+            group_sums = [xw.reshape(n, groups, self.group).sum(-1)]
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
         ins = [x.float(), self.low, *([self.high] if self.high is not None else []), self.scale,
-               *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else [])]
+               *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else []), *group_sums]
         return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
 
 
