@@ -125,6 +125,30 @@ def test_lines_add_up_to_the_wall(tiny_bound):
     assert not any(x.kind in ("graph", "host") for x in acc.lines)      # no line is a difference of two totals
 
 
+def test_waits_between_host_launches_are_a_line_of_their_own(tiny_bound):
+    """Kernels that say which host launch (a graph) they ran in: the idle time where one launch ends and
+    the next begins is its own line, the rest of the gaps stay gaps; the lines and the residual are the
+    same as without launch numbers (a split, never a second measurement)."""
+    ks = full_token(tiny_bound, gap_us=2.0)
+    half = len(ks) // 2
+    late = [Kernel(**{**vars(k), "start_us": k.start_us + (50.0 if i >= half else 0.0)}) for i, k in enumerate(ks)]
+    numbered = [Kernel(**{**vars(k), "launch": int(i >= half)}) for i, k in enumerate(late)]
+    launch = PER_CALL_US + PER_KERNEL_US * len(ks)
+    plain = span(late) + launch
+    plainly, split = (account(make_trace([t], [plain], [plain]), tiny_bound, H200L) for t in (late, numbered))
+    assert split.closed and split.residual_us == pytest.approx(plainly.residual_us, abs=1e-9)
+    wait = line(split, "waits for the next launch")
+    assert wait.kind == "gap" and wait.cause == "launch boundary" and wait.us == pytest.approx(52.0)
+    assert "at 1 boundary a token" in wait.detail
+    assert line(split, "gaps between kernels").us == pytest.approx(2.0 * (len(ks) - 2))
+    assert line(plainly, "gaps between kernels").us == pytest.approx(wait.us + line(split, "gaps between kernels").us)
+    assert not any(x.label == "waits for the next launch" for x in plainly.lines)
+    # One launch for every kernel: no boundary, no line.
+    one = [Kernel(**{**vars(k), "launch": 0}) for k in late]
+    assert not any(x.label == "waits for the next launch" for x in account(make_trace([one], [plain], [plain]),
+                                                                             tiny_bound, H200L).lines)
+
+
 def test_the_residual_can_come_out_wrong(tiny_bound):
     """The timed tokens' own walls never enter a line: a plain token longer than the lines is refused,
     and the refusal names the measurement that disagrees."""

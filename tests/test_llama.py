@@ -112,6 +112,7 @@ def test_the_child_runs_end_to_end_with_stand_ins(tiny_model, monkeypatch):
     assert len(t.token_wall_us) == len(t.kernel_pass_wall_us) == 3 and t.kernel_tokens == [0, 1, 2]
     assert t.output_tokens == [3] * 8                      # prefill, warm-up, 3 plain, 3 timed: the stand-in peaks at 3
     assert t.kernel_pass.graph_launches == [1, 1, 1] and t.kernel_pass.timing == "cupti"
+    assert {k.launch for k in t.kernels} == {0}        # each token's kernels ran in its one graph
     tables = products_in_order(take_census(tiny_model))
     for token in t.kernel_tokens:
         read = [name for k in t.kernels_of_token(token) if k.category == "weights" for name in k.tensors]

@@ -68,8 +68,11 @@ def test_trace_holds_both_passes(tiny_model, tiny_trace):
     for k in t.kernels:
         assert k.duration_us >= 0 and k.start_us is not None
         assert all(k.category != "copy" and k.global_size for k in t.kernels)   # the kernel timeline holds kernels
-    for ks in t.by_token().values():    # one device timeline per token, kernels in graph order
+    for tok, ks in t.by_token().items():    # one device timeline per token, kernels in graph order
         assert min(k.start_us for k in ks) == 0 and all(k.duration_us > 0 for k in ks)
+        # each kernel names the host launch it ran in: the token's graphs, numbered in launch order
+        assert len({k.launch for k in ks}) == t.kernel_pass.graph_launches[tok]
+        assert [k.launch for k in ks] == sorted(k.launch for k in ks)
 
 
 def test_every_weight_table_is_read_by_a_kernel_of_its_role(tiny_model, tiny_trace):

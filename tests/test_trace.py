@@ -40,6 +40,8 @@ BAD = [
     (kernel_field("bytes", "x"), "'bytes' must be"),
     (kernel_field("global_size", "ab"), "'global_size' must be"),
     (kernel_field("category", "magic"), "'category' must be"),
+    (kernel_field("launch", -1), "'launch' must be"),
+    (kernel_field("launch", 1.5), "'launch' must be"),
     (kernel_field("nonsense", 1), "unexpected keyword"),
     (top(["workload", "context"], "x"), "workload 'context'"),
     (top(["environment", "model_sha256"], 12345), "'model_sha256'"),

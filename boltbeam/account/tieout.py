@@ -5,7 +5,9 @@ Which figures are independent measurements, and where each comes from:
   wall            the plain tokens: the route as users run it, nothing recording
   kernels         each kernel's time on the device timeline of the timed tokens (in the graph replay
                   itself where the trace says its timing is in-graph: CUPTI or tinygrad's timestamps)
-  gaps, overlap   the same device timeline: idle time between kernels, kernels running together
+  gaps, overlap   the same device timeline: idle time between kernels, kernels running together; the
+                  idle time where one host launch (a graph) ends and the next begins, where the
+                  kernels carry their launch, split out as the device waiting on the host
   timing's cost   brackets before each token's first kernel launch and after its last, in the plain
                   tokens and in the timed ones (CUDA events on CUDA, the device's own stamps on
                   tinygrad's command-queue devices such as the CPU): what the timing
@@ -531,8 +533,20 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
         gaps = fmean(t.gaps_us for t in timelines)
         overlap = fmean(t.overlap_us for t in timelines)
         biggest = max(t.biggest_gap_us for t in timelines)
-        overheads.append(Line("gaps between kernels", "gap", gaps, "gap",
-                              f"idle device time between consecutive kernels (biggest gap {_us(max(0.0, biggest))})"))
+        if all(t.between_launches_us is not None for t in timelines) and any(t.launch_boundaries for t in timelines):
+            # the kernels say which host launch (a graph) each ran in: the idle time where one launch ends and
+            # the next begins is the device waiting on the host, a line of its own
+            between = fmean(t.between_launches_us for t in timelines)
+            boundaries = max(t.launch_boundaries for t in timelines)
+            overheads.append(Line("waits for the next launch", "gap", between, "launch boundary",
+                                  f"idle device time where one host launch (a graph, or a kernel alone) ends and the "
+                                  f"next begins, at {boundaries} boundar{'y' if boundaries == 1 else 'ies'} a token: "
+                                  f"the device waiting while the host prepares and launches the next"))
+            overheads.append(Line("gaps between kernels", "gap", gaps - between, "gap",
+                                  "idle device time between consecutive kernels of one launch"))
+        else:
+            overheads.append(Line("gaps between kernels", "gap", gaps, "gap", f"idle device time between consecutive "
+                                  f"kernels (biggest gap {_us(max(0.0, biggest))})"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
         if len(tokens.pass_walls) == len(groups):
             outside = fmean(w - t.span_us for w, t in zip(tokens.pass_walls, timelines))

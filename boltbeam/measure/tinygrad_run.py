@@ -266,35 +266,37 @@ def _facts(launch: Launch) -> LaunchFacts:
     return LaunchFacts(launch.function, dims3(launch.global_size), dims3(launch.local_size))
 
 
-Timed = list[tuple[Launch, int, int]]   # (launch, start ns, end ns) on the timing's clock, in launch order
+# (launch, start ns, end ns on the timing's clock, the host launch it ran in: its call's number in the
+# token, a graph or one kernel), in launch order
+Timed = list[tuple[Launch, int, int, int]]
 
 
 def launch_timeline(calls: list[Call], events: _CudaEvents) -> Timed:
     """One by one (JIT=2): CUDA events around each launch, read after the token synchronized."""
     first = calls[0].events[0]
-    return [(c.launches()[0], events.elapsed_ns(first, c.events[0]), events.elapsed_ns(first, c.events[1]))
-            for c in calls]
+    return [(c.launches()[0], events.elapsed_ns(first, c.events[0]), events.elapsed_ns(first, c.events[1]), n)
+            for n, c in enumerate(calls)]
 
 
 def cupti_timeline(calls: list[Call], records: list[KernelRecord], where: str) -> tuple[Timed, int]:
     """The token's kernels matched to CUPTI's records; copies are not kernel records and stay out.
     Returns the timeline and the number of copies left out."""
     segments, launches, copies = [], [], 0
-    for c in calls:
+    for n, c in enumerate(calls):
         ls = c.launches()
         kernels = [l for l in ls if l is not None and l.op == "kernel"]
         copies += sum(1 for l in ls if l is not None and l.op == "copy")
         if kernels:
             segments.append(Segment(c.graph is not None, [_facts(l) for l in kernels]))
-            launches.append(kernels)
+            launches.append((n, kernels))
     matched = match_records(segments, records, where)
-    return [(l, r.start_ns, r.end_ns) for ls, rs in zip(launches, matched) for l, r in zip(ls, rs)], copies
+    return [(l, r.start_ns, r.end_ns, n) for (n, ls), rs in zip(launches, matched) for l, r in zip(ls, rs)], copies
 
 
 def hcq_timeline(calls: list[Call], where: str) -> Timed:
     """The token's kernels with the timestamps their graphs wrote, by place in the graph."""
     timed, seen = [], set()
-    for c in calls:
+    for n, c in enumerate(calls):
         if c.graph is None:
             if c.launches()[0].op == "kernel":
                 raise Refused(f"adapter-incomplete: {where}: a kernel ran outside tinygrad's graphs, where no "
@@ -306,7 +308,7 @@ def hcq_timeline(calls: list[Call], where: str) -> Timed:
         seen.add(id(c.graph))
         for launch, times in zip(c.launches(), hcq_times(c.graph), strict=True):
             if launch is not None and launch.op == "kernel":
-                timed.append((launch, *times))
+                timed.append((launch, *times, n))
     return timed
 
 
@@ -537,7 +539,7 @@ class _TimedToken:
 
     @property
     def first_ns(self) -> int:
-        return min(start for _, start, _ in self.timeline)
+        return min(start for _, start, _, _ in self.timeline)
 
     @property
     def lead_us(self) -> float:
@@ -547,7 +549,7 @@ class _TimedToken:
     @property
     def trail_us(self) -> float:
         """Last kernel's end to the host mark after the token: synchronization and read-back."""
-        return (self.marks_ns[1] - max(end for _, _, end in self.timeline)) / 1e3
+        return (self.marks_ns[1] - max(end for _, _, end, _ in self.timeline)) / 1e3
 
 
 class _Run:
@@ -689,10 +691,11 @@ class _Run:
         kernels: list[Kernel] = []
         for tok, t in enumerate(timed):
             t0 = t.first_ns   # inside a graph, the first node submitted need not start first
-            for i, (launch, start_ns, end_ns) in enumerate(t.timeline):
+            for i, (launch, start_ns, end_ns, host_launch) in enumerate(t.timeline):
                 category, role, names = classifier.classify(launch)
                 kernels.append(Kernel(token=tok, index=i, name=launch.name, duration_us=(end_ns - start_ns) / 1e3,
-                                      start_us=(start_ns - t0) / 1e3, role=role, category=category, tensors=names,
+                                      start_us=(start_ns - t0) / 1e3, launch=host_launch, role=role,
+                                      category=category, tensors=names,
                                       bytes=launch.mem, flops=launch.ops, global_size=launch.global_size,
                                       local_size=launch.local_size, opts=launch.opts, reads_buffers=len(launch.reads),
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))

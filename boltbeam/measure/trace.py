@@ -95,6 +95,7 @@ class Kernel:
     opts: list[str] | None = None
     reads_buffers: int | None = None   # input buffers it reads (0: it computes a constant)
     writes_bytes: int | None = None    # bytes of the buffers it writes
+    launch: int | None = None          # the host launch it ran in (a graph, or one kernel), numbered in its token
 
 
 @dataclass
@@ -155,6 +156,11 @@ class Timeline:
     overlap_us: float       # time kernels ran at the same time
     span_us: float          # first start to the end of the last kernel to start: kernels + gaps - overlap
     biggest_gap_us: float
+    # of gaps_us, the idle time before a kernel of another host launch than the kernel before it (the
+    # device waiting on the host's next graph), and how many such boundaries; None where a kernel's launch
+    # is not known
+    between_launches_us: float | None = None
+    launch_boundaries: int | None = None
 
 
 def timeline(kernels: list[Kernel]) -> Timeline | None:
@@ -162,13 +168,19 @@ def timeline(kernels: list[Kernel]) -> Timeline | None:
     if not kernels or any(k.start_us is None for k in kernels):
         return None
     ks = sorted(kernels, key=lambda k: k.start_us)
-    gaps = overlap = biggest = 0.0
+    gaps = overlap = biggest = between = 0.0
+    boundaries = 0
     for a, b in zip(ks, ks[1:]):
         d = b.start_us - (a.start_us + a.duration_us)
         gaps += max(0.0, d)
         overlap += max(0.0, -d)
         biggest = max(biggest, d)
-    return Timeline(gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest)
+        if a.launch != b.launch:
+            between += max(0.0, d)
+            boundaries += 1
+    known = all(k.launch is not None for k in ks)
+    return Timeline(gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest,
+                    between if known else None, boundaries if known else None)
 
 
 def _is_int(x: Any) -> bool:
@@ -199,6 +211,7 @@ _KERNEL_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
              "a list of strings or null"),
     "reads_buffers": (lambda v: v is None or (_is_int(v) and v >= 0), "a whole number >= 0 or null"),
     "writes_bytes": (lambda v: v is None or (_is_int(v) and v >= 0), "a byte count or null"),
+    "launch": (lambda v: v is None or (_is_int(v) and v >= 0), "a whole number >= 0 or null"),
 }
 
 
