@@ -5,10 +5,10 @@ from pathlib import Path
 import boltbeam
 
 ROOT = Path(boltbeam.__file__).parent
-# Decision code: every pipeline step and the data files. The CLI (which names the embedded default
-# model's package), the report layer and the synthetic-model generator (whose presets are shapes to
-# write, read by no decision) are not decision code.
-DECISION = ["read", "bound", "measure", "account", "judge", "ledger", "search", "data"]
+# Decision code: every pipeline step (the generated route families included) and the data files. The
+# CLI (which names the embedded default model's package), the report layer and the synthetic-model
+# generator (whose presets are shapes to write, read by no decision) are not decision code.
+DECISION = ["read", "bound", "measure", "account", "judge", "ledger", "search", "route", "data"]
 # "llama.cpp" and "llama-bench" name an engine and its tool, not a model; so do the identifiers of
 # llama.cpp's C API, reached through its Python binding imported as `lc` (lc.llama_decode).
 MODEL_NAMES = re.compile(r"qwen|(?<!\blc\.)llama(?![.\-_](?:cpp|bench))|smollm|mistral|mixtral|gemma|phi-?\d|deepseek|falcon|gpt-?oss|olmo|granite",
