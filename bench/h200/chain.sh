@@ -26,7 +26,7 @@ case $1 in
     B=bench/h200/brackets.sh
     on=${START_ROUTE:-bench/h200/searched/split/route.json} base=$RUN/searched.trace.json
     [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
-    bash $B route searched --route "$on"
+    LIMIT=${ROUTE_LIMIT:-900} bash $B route searched --route "$on"    # a cold BEAM took 376-502 s
     for fam in ${FAMILIES:-fusion constants_once gemv}; do
       flags=(--budget 1); [ "$fam" = gemv ] && read -ra flags <<< "${GEMV_FLAGS:---budget 2 --alone 40 --seconds-per-kernel 20}"
       LIMIT=${SEARCH_LIMIT:-600} bash $B search "$fam" --family "$fam" --on "$on" --baseline "$base" "${flags[@]}"
