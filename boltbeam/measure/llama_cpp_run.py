@@ -109,13 +109,12 @@ def _trace(model: str, prompt: list[int], raw: RawRun, timed: list[_Timed], mode
         t0 = rs[0].start_ns
         lead.append((t0 - t.marks_ns[0]) / 1e3)
         trail.append((t.marks_ns[1] - max(r.end_ns for r in rs)) / 1e3)
-        launches: dict = {}     # each graph, or kernel launched alone, numbered by its first start
-        for i, r in enumerate(rs):
-            launches.setdefault(r.graph_id or ("alone", i), len(launches))
+        keys = [r.graph_id or ("alone", i) for i, r in enumerate(rs)]    # each graph, or kernel launched alone
+        launches = {key: n for n, key in enumerate(dict.fromkeys(keys))}   # numbered by its first start
         kernels += [Kernel(token=tok, index=i, name=r.facts.name, duration_us=(r.end_ns - r.start_ns) / 1e3,
                            start_us=(r.start_ns - t0) / 1e3, global_size=list(r.facts.grid),
-                           local_size=list(r.facts.block), launch=launches[r.graph_id or ("alone", i)])
-                    for i, r in enumerate(rs)]
+                           local_size=list(r.facts.block), launch=launches[key])
+                    for i, (r, key) in enumerate(zip(rs, keys))]
     graphs = [len({r.graph_id for r in t.records if r.graph_id}) for t in timed]
     outside = [sum(1 for r in t.records if not r.graph_id) for t in timed]
     walls, out = raw.walls_us, raw.output_tokens

@@ -173,8 +173,9 @@ class PerProduct:
     def parse(cls, flag: str) -> "PerProduct":
         pairs = [part.split("=") for part in flag.split(",")]
         if any(len(p) != 2 or not re.fullmatch(KEY, p[0]) for p in pairs) or len({p[0] for p in pairs}) < len(pairs):
-            raise BadInput(f"--gemv {flag}: expected PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES once for each product, "
-                           f"joined by ',' (PRODUCT as ROWSxCOLS:qBITS:gGROUP, e.g. 4096x4096:q4:g32=32:4:2:8)")
+            raise BadInput(f"--gemv {flag}: expected PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP]] once "
+                           f"for each product, joined by ',' (PRODUCT as ROWSxCOLS:qBITS:gGROUP, "
+                           f"e.g. 4096x4096:q4:g32=32:4:2:8)")
         return cls(tuple((key, Geometry.parse(g)) for key, g in pairs))
 
     @classmethod
