@@ -24,7 +24,9 @@ ROWS, COLS = 64, 1024
 # Each knob at more than one value, loads of every width, and rows a thread of every count.
 GEOMETRIES = [Geometry(1, 1, 1, 4), Geometry(8, 4, 2, 16), Geometry(2, 16, 4, 8), Geometry(32, 1, 1, 16),
               Geometry(4, 8, 2, 4), Geometry(8, 4, 2, 16, 1), Geometry(1, 1, 4, 4, 1),    # these two: sums once
-              Geometry(8, 4, 2, 16, 0, 2), Geometry(1, 1, 4, 8, 1, 4)]                     # groups a step
+              Geometry(8, 4, 2, 16, 0, 2), Geometry(1, 1, 4, 8, 1, 4),                     # groups a step
+              Geometry(8, 4, 2, 16, 0, 1, 1), Geometry(1, 1, 4, 4, 1, 2, 1), Geometry(2, 16, 1, 8, 0, 1, 1)]  # unpacked
+                                                                                           # under an exponent
 
 
 def kernels(p, x) -> list:
@@ -103,7 +105,7 @@ def test_thread_groups_run_the_geometry_they_are_given(fmt):
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
 def test_many_lanes_a_row_and_the_input_sums_once_on_thread_groups(fmt):
     """Up to 256 threads splitting one row's groups (combined in local memory), with the input's group sums
-    computed once or in every thread, and two groups a step: on the PYTHON device, the product stays the
+    computed once or in every thread, two groups a step, values unpacked under an exponent: on the PYTHON device, the product stays the
     planes' weights times the input and each group launches rows_per_group x lanes_per_row threads."""
     from tinygrad import Device, Tensor, dtypes
     from tinygrad.codegen import to_program
@@ -116,7 +118,7 @@ def test_many_lanes_a_row_and_the_input_sums_once_on_thread_groups(fmt):
     on = dataclasses.replace(p, **{f: t.to("PYTHON").realize() for f in ("low", "high", "scale", "offset")
                                    if (t := getattr(p, f)) is not None})
     x = rng.standard_normal(cols).astype(np.float32)
-    for g in (Geometry(128, 1, 2, 16), Geometry(64, 2, 1, 8, 1, 2)):
+    for g in (Geometry(128, 1, 2, 16), Geometry(64, 2, 1, 8, 1, 2), Geometry(32, 1, 2, 16, 0, 2, 1)):
         on.geometry, on.thread_groups, on.memo = g, True, None
         xt = Tensor(x, device="PYTHON").reshape(1, cols)
         got = on.kernel_product(xt).numpy().ravel()
@@ -159,6 +161,34 @@ def test_a_geometry_fits_a_shape_or_leaves_it_to_the_compiler():
     stepped = Geometry(8, 1, 2, 16, 0, 2).opts(q4)
     assert len(unrolls(stepped)) == len(unrolls(Geometry(8, 1, 2, 16).opts(q4))) + 1
     assert Geometry(8, 1, 1, 16, 0, 2).opts(q4) is not None and Geometry(16, 1, 1, 16, 0, 2).opts(q4) is None   # 16 groups
+    # Unpacking under an exponent: a seventh number; the same opts (it changes the kernel's arithmetic, not its
+    # ranges), and nothing where the geometry does not fit.
+    assert Geometry.parse("8:4:2:16:0:1:1") == Geometry(8, 4, 2, 16, 0, 1, 1) and Geometry(8, 4, 2, 16, 0, 1, 1).flag == "8:4:2:16:0:1:1"
+    assert Geometry(8, 4, 2, 16, 0, 1, 1).opts(q4) == Geometry(8, 4, 2, 16).opts(q4)
+    assert Geometry(8, 4, 2, 16, 0, 1, 1).unpacks_by_exponent(q4) and not Geometry(32, 1, 1, 16, 0, 1, 1).unpacks_by_exponent(q4)
+    with pytest.raises(BadInput, match=r"\[:UNPACK\]"):
+        Geometry.parse("8:4:2:16:0:1:1:1")
+
+
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0", "Q5_1"])
+def test_unpacking_under_an_exponent_converts_no_value(fmt):
+    """With unpack 1 the word kernel turns no packed integer into a float (no conversion instruction for a
+    value): every value is its masked bits under a fixed exponent, less that power of two; with 0 each is
+    converted. Both equal the weights times the input (the CPU test above checks every format)."""
+    from tinygrad import Tensor, dtypes
+    from tinygrad.uop.ops import Ops
+    rng = np.random.default_rng(4)
+    _, p = words(fmt, rng)
+    x = Tensor(rng.standard_normal((1, COLS)).astype(np.float32)).realize()
+    converts = {}
+    for unpack in (0, 1):
+        p.geometry = Geometry(8, 4, 2, 16, 0, 1, unpack)
+        product = next(k for k in kernels(p, x) if k.arg.name.startswith("gemv_words"))
+        converts[unpack] = sum(u.op is Ops.CAST and u.dtype == dtypes.float and dtypes.is_int(u.src[0].dtype)
+                               for u in product.toposort())
+        floats = [u for u in product.toposort() if u.op is Ops.BITCAST and u.dtype == dtypes.float]
+        assert bool(floats) == bool(unpack), (fmt, unpack)
+    assert converts[0] > 0 and converts[1] == 0, (fmt, converts)
 
 
 def test_bubblebeam_keeps_the_geometries_the_chips_facts_allow():
@@ -167,7 +197,7 @@ def test_bubblebeam_keeps_the_geometries_the_chips_facts_allow():
     assert legal and all(g.lanes_per_row * g.rows_per_group % 32 == 0 for g in legal)
     assert all(g.lanes_per_row * g.rows_per_group <= 1024 for g in legal)
     assert rejected["thread_group_width: partial thread groups leave lanes idle"] > 0
-    assert len(legal) + sum(rejected.values()) == 9 * 6 * 3 * 3 * 2 * 3
+    assert len(legal) + sum(rejected.values()) == 9 * 6 * 3 * 3 * 2 * 3 * 2
     assert rejected["max_threads_per_group: a group cannot hold more threads than the chip allows"] > 0   # 256 x 8
     # A chip that declares no thread-group width gets no geometry, and says which fact it lacks.
     from tests.test_search import CPU_TARGETS

@@ -140,7 +140,7 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     x = Tensor(rng.standard_normal((1, shape.cols)).astype(np.float32)).realize()
     want = (x @ p.weights().T).numpy().ravel()
     p.to_words()
-    asts = {}     # the product's kernels, by whether the geometry computes the input's group sums once
+    asts = {}     # the product's kernels, by whether the geometry computes the input's group sums once and unpacks by exponent
     sights = {g: s for g in geometries if (s := geometry_sight(p, p.nbytes, g, target, cal)) is not None}
     out = Product(product_key(p), count, p.nbytes, len(sights))
     groups = Device[Device.DEFAULT].renderer.has_local
@@ -154,10 +154,10 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
         got = p.gemv(x, "kernel").numpy().ravel()
         err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
         row = Timed(g.flag, sights[g].us, relative_error=err)
-        once = g.sums_once(p)
-        if once not in asts:
-            asts[once] = kernel_asts(p, x)
-        samples = time_alone(asts[once], g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
+        kind = g.sums_once(p), g.unpacks_by_exponent(p)
+        if kind not in asts:
+            asts[kind] = kernel_asts(p, x)
+        samples = time_alone(asts[kind], g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
             f"wrong product: relative error {err:.3g}"
         if isinstance(samples, list):     # the product's time: its kernels' summed run by run
             row.samples_us = [sum(run) for run in zip(*samples)]

@@ -17,6 +17,10 @@ of spaces.toml's `gemv` family, as tinygrad's own opts on the kernel, never BEAM
                     is computed once, by a kernel of its own, and read by every row; 0: every thread sums
                     the inputs of its groups itself, reading the input (32-bit values, eight times a 4-bit
                     weight's bytes) a second time through the cache
+  unpack            how a value becomes a float: 0 by the compiler's integer-to-float conversion, after a
+                    shift and a mask; 1 by placing its bits under a float's fixed exponent and taking that
+                    power of two away (a mask, and one shift a word for its upper values, and a float
+                    subtraction: fewer integer instructions a weight, none a conversion; exact)
 
 A setting is one geometry for every product, or a geometry for each product (`PerProduct`, keyed by
 the product's facts: rows, columns, bits a value, elements a group), as the search chooses by timing
@@ -48,6 +52,7 @@ class Geometry:
     load_bytes: int
     input_sums: int = 0
     groups_per_step: int = 1
+    unpack: int = 0
 
     def __post_init__(self):
         from boltbeam.search.space import check_knobs
@@ -55,8 +60,8 @@ class Geometry:
 
     @property
     def flag(self) -> str:
-        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP]], the trailing ones left out at their
-        defaults (so a flag from before they existed reads the same)."""
+        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP[:UNPACK]]], the trailing ones left out at
+        their defaults (so a flag from before they existed reads the same)."""
         values = [getattr(self, f) for f in FIELDS]
         while len(values) > len(REQUIRED) and values[-1] == DEFAULTS[FIELDS[len(values) - 1]]:
             values.pop()
@@ -64,12 +69,12 @@ class Geometry:
 
     @classmethod
     def parse(cls, flag: str) -> "Geometry":
-        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP]] (profile --gemv)."""
+        """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP[:UNPACK]]] (profile --gemv)."""
         parts = flag.split(":")
         if not len(REQUIRED) <= len(parts) <= len(FIELDS) or not all(p.isdigit() for p in parts):
-            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in REQUIRED)}"
-                           f"[:{FIELDS[len(REQUIRED)].upper()}[:{FIELDS[-1].upper()}]], e.g. 8:4:2:16, or PRODUCT=... "
-                           f"for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
+            optional = "".join(f"[:{f.upper()}" for f in FIELDS[len(REQUIRED):]) + "]" * (len(FIELDS) - len(REQUIRED))
+            raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in REQUIRED)}{optional}, e.g. "
+                           f"8:4:2:16, or PRODUCT=... for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
         return cls(*map(int, parts))
 
     @classmethod
@@ -100,6 +105,11 @@ class Geometry:
         the setting asks for it and fits the shape (every format with a layout stores an offset or a zero
         point a group, which multiplies those sums: formats.toml, checked by the tests)."""
         return bool(self.input_sums) and self.divides(planes, n)
+
+    def unpacks_by_exponent(self, planes, n: int = 1) -> bool:
+        """The word kernel turns values into floats under a fixed exponent, not by conversion: where the
+        setting asks for it and fits the shape."""
+        return bool(self.unpack) and self.divides(planes, n)
 
     def opts(self, planes, n: int = 1, has_local: bool = True, squares: bool = False) -> tuple | None:
         """tinygrad's opts for the word kernel of these planes, or None where the setting does not fit the
@@ -173,7 +183,7 @@ class PerProduct:
     def parse(cls, flag: str) -> "PerProduct":
         pairs = [part.split("=") for part in flag.split(",")]
         if any(len(p) != 2 or not re.fullmatch(KEY, p[0]) for p in pairs) or len({p[0] for p in pairs}) < len(pairs):
-            raise BadInput(f"--gemv {flag}: expected PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP]] once "
+            raise BadInput(f"--gemv {flag}: expected PRODUCT=LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]] once "
                            f"for each product, joined by ',' (PRODUCT as ROWSxCOLS:qBITS:gGROUP, "
                            f"e.g. 4096x4096:q4:g32=32:4:2:8)")
         return cls(tuple((key, Geometry.parse(g)) for key, g in pairs))

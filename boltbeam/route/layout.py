@@ -38,6 +38,15 @@ FORMS = ("expanded", "factored", "kernel")   # the family's `form` parameter: 0,
 STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
 FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
 WORD_BITS = 32                          # the word kernel's load: one 32-bit word of packed values
+MANTISSA_BITS, FLOAT_BIAS = 23, 127      # a float32's stored mantissa bits and its exponent's bias
+
+
+def upper_shift(width: int, bits: int) -> int:
+    """The one right shift that brings every value of a word whose bits would reach a float's exponent field
+    (at WIDTH bits a value, BITS wide with its high bits) below it: the least multiple of the width at least
+    the overhang of the word's last value."""
+    overhang = WORD_BITS - width + bits - MANTISSA_BITS
+    return -(-overhang // width) * width
 
 
 @dataclass(frozen=True)
@@ -220,24 +229,47 @@ class Planes:
             i = reduce((self.group, 3))
             c = g * self.group + i
             if self.bits == 8:
-                return low[r, c].cast(dtypes.int), c, (i,)
+                return low[r, c].cast(dtypes.float), c, (i,)
             v = (low[r, c // 2].cast(dtypes.int) >> ((c % 2) * 4)) & 15
             if high is not None:
                 per = 8 // high_width
                 v = v | (((high[r, c // per].cast(dtypes.int) >> ((c % per) * high_width)) & ((1 << high_width) - 1)) << 4)
-            return v, c, (i,)
+            return v.cast(dtypes.float), c, (i,)
 
         def word_value(low, high, r, g):
-            """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction)."""
+            """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction),
+            each converted to a float by the compiler's conversion, or, where the geometry asks (`exponent`),
+            placed under a float's fixed exponent (exponent_unpack)."""
             per = self.values_per_word
             w, j = reduce((self.group // per, 3)), reduce((per, 4))
             word = low[r, g * (self.group // per) + w].bitcast(dtypes.uint)
-            v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
+            high_word = bit = None
             if high is not None:     # a group's high bits fill whole words (group x high width is a multiple of 32)
                 bit = (w * per + j) * high_width
-                hword = high[r, g * (self.group * high_width // WORD_BITS) + bit // WORD_BITS].bitcast(dtypes.uint)
-                v = v | (((hword >> (bit % WORD_BITS).cast(dtypes.uint)) & ((1 << high_width) - 1)) << 4)
-            return v, g * self.group + w * per + j, (j, w)
+                high_word = high[r, g * (self.group * high_width // WORD_BITS) + bit // WORD_BITS].bitcast(dtypes.uint)
+            if exponent:
+                return exponent_unpack(word, j, high_word, bit), g * self.group + w * per + j, (j, w)
+            v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
+            if high is not None:
+                v = v | (((high_word >> (bit % WORD_BITS).cast(dtypes.uint)) & ((1 << high_width) - 1)) << 4)
+            return v.cast(dtypes.float), g * self.group + w * per + j, (j, w)
+
+        def exponent_unpack(word, j, high_word, bit):
+            """Value j of the word as a float with no conversion: its bits, masked where they lie (or shifted
+            once, for the word's upper values), become the low mantissa bits of a float whose exponent field
+            makes one mantissa step worth 1 (2**23 / 2**p for a value at bit p), and that power of two is taken
+            away: exact, since every operand and the result are whole numbers a float holds."""
+            width = WORD_BITS // self.values_per_word
+            pos = j * width
+            fits = (pos + self.bits) <= MANTISSA_BITS      # the value's bits lie below the exponent field
+            p = fits.where(pos, pos - upper_shift(width, self.bits))
+            unsigned = lambda u: u.cast(dtypes.uint)
+            low_bits = (word >> unsigned(fits.where(0, upper_shift(width, self.bits)))) & unsigned(((1 << width) - 1) << p)
+            if high_word is not None:
+                mask = (1 << high_width) - 1
+                low_bits = low_bits | (((high_word >> unsigned(bit % WORD_BITS)) & mask) << unsigned(p + 4))
+            power = unsigned((FLOAT_BIAS + MANTISSA_BITS - p) << MANTISSA_BITS)     # the float 2**(23 - p)
+            return (low_bits | power).bitcast(dtypes.float) - power.bitcast(dtypes.float)
 
         def kernel(y, x, low, *rest):
             high = rest[0] if self.high is not None else None
@@ -250,7 +282,7 @@ class Planes:
             xin = (lambda c: x[b, c] * weight[c].cast(dtypes.float)) if norm is not None else (lambda c: x[b, c])
             value = word_value if self.words else byte_value
             v, c, inner_ranges = value(low, high, r, g)
-            inner = (v.cast(dtypes.float) * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
+            inner = (v * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
             s = scale[r, g].cast(dtypes.float)
             term = inner * s
             if offset is not None or self.zero:
@@ -272,6 +304,7 @@ class Planes:
             name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
             return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
 
+        exponent = self.words and self.geometry is not None and self.geometry.unpacks_by_exponent(self, n)
         # the input's group sums computed once, by tensor code (a kernel of its own), where the geometry asks
         once = (self.words and self.geometry is not None and self.geometry.sums_once(self, n)
                 and (self.offset is not None or bool(self.zero)))
