@@ -6,12 +6,15 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from boltbeam.account import account, compare
 from boltbeam.account.tieout import paired_tokens
 from boltbeam.bound.roofline import Bound, bound
 from boltbeam.bound.targets import Fact, get_target
 from boltbeam.cli import main
+from boltbeam.errors import Refused
 from boltbeam.files import sha256_file
 from boltbeam.measure.launch_cost import BRACKETED
 from boltbeam.measure.trace import Kernel, KernelPass, Trace, save
@@ -472,6 +475,57 @@ def test_compare_shows_gaps_and_overlap_as_rows():
     unplaced = make_trace([[dataclasses.replace(k, start_us=None) for k in b]], [36.0], [36.0])
     why = {x["region"]: x["reason"] for x in compare(make_trace([a], [44.0], [44.0]), unplaced).incomparable}
     assert set(why) == {"gaps", "overlap"} and "no start times" in why["gaps"]
+
+
+def test_compare_exclusive_counts_each_microsecond_once(capsys, tmp_path):
+    """With --exclusive, time two kernels share goes to the one that started first: a kernel that starts
+    5 µs before its predecessor ends (as under programmatic dependent launch, waiting) loses those 5 µs from
+    its region, a kernel wholly inside another counts nothing, and no overlap row is left; the rows still
+    hold every µs of both tokens."""
+    a = token([kernel(30.0, "ffn_down"), kernel(10.0, "attn_q")])
+    b = token([kernel(30.0, "ffn_down"), kernel(10.0, "attn_q"), kernel(4.0, "attn_output")])
+    b[1] = dataclasses.replace(b[1], start_us=25.0)           # 5 µs inside ffn_down
+    b[2] = dataclasses.replace(b[2], start_us=26.0)           # wholly inside attn_q (26-30 of 25-35)
+    ta, tb = make_trace([a], [40.0], [40.0]), make_trace([b], [35.0], [35.0], engine="llama.cpp")
+    summed = {r.region: r for r in compare(ta, tb).regions}
+    assert (summed["qkv"].b_us, summed["attn_output"].b_us, summed["overlap"].b_us) == (10.0, 4.0, -9.0)
+    cmp = compare(ta, tb, exclusive=True)
+    rows = {r.region: r for r in cmp.regions}
+    assert "overlap" not in rows and rows["gaps"].b_us == 0.0
+    assert (rows["down"].b_us, rows["qkv"].b_us, rows["attn_output"].b_us) == (30.0, 5.0, 0.0)
+    assert (rows["down"].a_us, rows["qkv"].a_us) == (30.0, 10.0)      # no overlap: the same as summed
+    assert cmp.region_net_us == pytest.approx(cmp.net_us) and cmp.to_dict()["method"].endswith("exclusive device time")
+    unplaced = make_trace([[dataclasses.replace(k, start_us=None) for k in b]], [36.0], [36.0])
+    with pytest.raises(Refused, match="start time"):
+        compare(ta, unplaced, exclusive=True)
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    save(ta, pa), save(tb, pb)
+    code, out, _ = run(capsys, "compare", str(pa), str(pb), "--exclusive")
+    assert code == 0 and "each µs of device time once" in out and "overlap" not in out
+
+
+def test_a_kernel_inside_another_overlaps_by_its_length_and_leaves_no_gap():
+    from boltbeam.measure.trace import timeline
+    ks = token([kernel(30.0, "ffn_down"), kernel(4.0, "attn_q"), kernel(10.0, "attn_output")])
+    ks[1] = dataclasses.replace(ks[1], start_us=10.0)        # wholly inside the first (0-30)
+    ks[2] = dataclasses.replace(ks[2], start_us=32.0)        # 2 µs after the first ends, not 18 after the second
+    t = timeline(ks)
+    assert (t.gaps_us, t.overlap_us, t.span_us) == (2.0, 4.0, 42.0)
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 20)), min_size=1, max_size=12))
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+def test_a_timeline_holds_every_kernel_once(placed):
+    """Any placement: the span is the kernels' sum plus the gaps less the overlap, and --exclusive parts sum
+    to the span less the gaps."""
+    from boltbeam.account.compare import exclusive_times
+    from boltbeam.measure.trace import timeline
+    ks = [dataclasses.replace(kernel(d, "ffn_up"), start_us=s, index=i) for i, (s, d) in enumerate(placed)]
+    t = timeline(ks)
+    total = sum(k.duration_us for k in ks)
+    assert t.span_us == pytest.approx(total + t.gaps_us - t.overlap_us, abs=1e-9)
+    assert t.gaps_us >= 0 and 0 <= t.overlap_us <= total + 1e-9
+    assert sum(us for _, us in exclusive_times(ks)) == pytest.approx(t.span_us - t.gaps_us, abs=1e-9)
 
 
 def test_compare_against_whole_token_figures(capsys, tmp_path):

@@ -6,8 +6,14 @@ role's region (roles.REGION_OF_ROLE); the rest by category: attention, the KV wr
 bound's floors the same way (the KV cache's to attention; the embedding row and activations to other).
 Two rows follow the regions, from each token's device timeline: the idle gaps between kernels, and the
 overlap (negative: kernel time that ran beside other kernels, so the regions' sum counts it twice). An
-engine whose kernels overlap (llama.cpp's graphs run branches side by side) is compared kernel by kernel
-this way without its regions seeming to add up past its token.
+engine whose kernels overlap is compared kernel by kernel this way without its regions seeming to add
+up past its token.
+
+`exclusive` counts each microsecond of a token's device time once instead: where kernels overlap, the
+time goes to the kernel that started first, and no overlap row is left. It is the fairer view of an
+engine whose kernels start before their predecessors end (launched with programmatic dependent launch,
+a kernel is resident and waiting, and its recorded duration includes the wait): summed durations put
+that wait in the later kernel's region and take it back only in the overlap row.
 """
 from __future__ import annotations
 
@@ -46,23 +52,37 @@ def region_floors(bound: Bound) -> dict[str, float]:
     return floors
 
 
-def region_times(trace: Trace) -> dict[str, float]:
-    """Per-token median of each region's summed kernel time."""
+def region_times(trace: Trace, exclusive: bool = False) -> dict[str, float]:
+    """Per-token median of each region's summed kernel time; `exclusive`: of the device time each region's
+    kernels alone account for (exclusive_times)."""
     per_token = []
     for kernels in trace.by_token().values():
         d: dict[str, float] = defaultdict(float)
-        for k in kernels:
-            d[region_of(k)] += k.duration_us
+        for k, us in exclusive_times(kernels) if exclusive else ((k, k.duration_us) for k in kernels):
+            d[region_of(k)] += us
         per_token.append(d)
     return {r: median(d.get(r, 0.0) for d in per_token) for r in REGIONS}
 
 
-def timeline_times(trace: Trace) -> dict[str, float] | None:
-    """Per-token median of the gaps and of the overlap (negative); None when a kernel has no start."""
+def exclusive_times(kernels: list[Kernel]) -> list[tuple[Kernel, float]]:
+    """Each kernel of one token with the part of its time no kernel that started before it covers (a
+    kernel wholly inside an earlier one: 0), so the parts sum to the token's busy device time."""
+    out, covered = [], float("-inf")
+    for k in sorted(kernels, key=lambda k: k.start_us):
+        end = k.start_us + k.duration_us
+        out.append((k, max(0.0, end - max(k.start_us, covered))))
+        covered = max(covered, end)
+    return out
+
+
+def timeline_times(trace: Trace, exclusive: bool = False) -> dict[str, float] | None:
+    """Per-token median of the gaps and of the overlap (negative; no overlap row when the regions are
+    exclusive); None when a kernel has no start."""
     lines = [timeline(ks) for ks in trace.by_token().values()]
     if not lines or any(t is None for t in lines):
         return None
-    return {"gaps": median(t.gaps_us for t in lines), "overlap": -median(t.overlap_us for t in lines)}
+    return {"gaps": median(t.gaps_us for t in lines)} | ({} if exclusive else
+                                                         {"overlap": -median(t.overlap_us for t in lines)})
 
 
 @dataclass
@@ -88,6 +108,7 @@ class Comparison:
     floors_shown: bool
     tokens: tuple[int, int]          # measured kernel tokens of A and B
     notes: list[str] = field(default_factory=list)
+    exclusive: bool = False          # regions hold each µs of device time once (exclusive_times)
 
     @property
     def net_us(self) -> float:
@@ -104,7 +125,8 @@ class Comparison:
         return {"a_label": self.a_label, "b_label": self.b_label, "a_wall_us": self.a_wall_us,
                 "b_wall_us": self.b_wall_us, "net_us": self.net_us, "region_net_us": region_net,
                 "outside_kernels_us": None if region_net is None else self.net_us - region_net,
-                "winner": _winner(self.a_wall_us, self.b_wall_us), "method": "median per token",
+                "winner": _winner(self.a_wall_us, self.b_wall_us),
+                "method": "median per token" + (", exclusive device time" if self.exclusive else ""),
                 "regions": [asdict(r) for r in self.regions], "incomparable": self.incomparable,
                 "floors_shown": self.floors_shown, "tokens": list(self.tokens), "notes": self.notes}
 
@@ -127,9 +149,13 @@ def _why_incomparable(trace: Trace, side: str) -> tuple[tuple[str, ...], str] | 
     return None
 
 
-def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
-    """Compare traces A and B region by region; floors when a bound is given."""
+def compare(a: Trace, b: Trace, bound: Bound | None = None, exclusive: bool = False) -> Comparison:
+    """Compare traces A and B region by region; floors when a bound is given; `exclusive`: each µs of device
+    time once (exclusive_times), which needs every kernel's start."""
     notes: list[str] = []
+    if exclusive and any(k.start_us is None for t in (a, b) for k in t.kernels):
+        raise Refused("--exclusive needs every kernel's start time (a device timeline) in both traces")
+    rows = (*REGIONS, *TIMELINE_ROWS[:1 if exclusive else None])
     if not a.token_wall_us or not b.token_wall_us:
         raise Refused("both traces need plain token walls to compare whole tokens")
     ctx_a, ctx_b = a.workload.get("context"), b.workload.get("context")
@@ -150,12 +176,12 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
             if (fastest := min(trace.token_wall_us)) < bound.token_floor_us:
                 raise Refused(f"measurement error: {side}'s fastest token took {fastest:,.2f} µs, under the physical "
                               f"floor of {bound.token_floor_us:,.2f} µs on {bound.target}: no winner can be declared")
-    times_a = region_times(a) if a.kernels else None
-    times_b = region_times(b) if b.kernels else None
+    times_a = region_times(a, exclusive) if a.kernels else None
+    times_b = region_times(b, exclusive) if b.kernels else None
     floors = region_floors(bound) if bound else None
     if bound and ctx_a is not None and bound.context != ctx_a:
         notes.append(f"floors are at context {bound.context}; A decoded at context {ctx_a}")
-    lines_a, lines_b = timeline_times(a), timeline_times(b)
+    lines_a, lines_b = timeline_times(a, exclusive), timeline_times(b, exclusive)
     for side, lines, trace in (("A", lines_a, a), ("B", lines_b, b)):
         if lines is None and trace.kernels:
             for r in TIMELINE_ROWS:
@@ -165,7 +191,7 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
             times.update(lines)
 
     regions = []
-    for r in (*REGIONS, *TIMELINE_ROWS):
+    for r in rows:
         ta = times_a.get(r) if times_a else None
         tb = times_b.get(r) if times_b else None
         fl = floors.get(r) if floors else None
@@ -178,4 +204,4 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None) -> Comparison:
                       b_wall_us=median(b.token_wall_us), regions=regions,
                       incomparable=[{"region": r, "reason": why} for r, why in incomparable.items()],
                       floors_shown=bound is not None, tokens=(len(a.kernel_tokens), len(b.kernel_tokens)),
-                      notes=notes)
+                      notes=notes, exclusive=exclusive)

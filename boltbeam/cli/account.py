@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace_b", metavar="TRACE_B.json")
     _model_flags(p)
     p.add_argument("--target", help="a target name, for floors (with --model)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="count each µs of a token's device time once: where kernels overlap, the time goes to the "
+                        "kernel that started first (no overlap row); for an engine whose kernels start before their "
+                        "predecessors end")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=run_compare)
 
@@ -145,7 +149,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise BadInput("floors need both --model and --target (or neither)")
     a, b = tracefile.load(args.trace_a), tracefile.load(args.trace_b)
     bound = _bound_for(args.model, args, a)[0] if args.model else None
-    cmp = compare(a, b, bound)
+    cmp = compare(a, b, bound, exclusive=args.exclusive)
     if args.json:
         print_json({"trace_a": args.trace_a, "trace_b": args.trace_b, **cmp.to_dict()})
         return 0
@@ -165,7 +169,7 @@ def _print_compare(cmp, path_a: str, path_b: str) -> None:
              else f"{r.winner} by {abs(r.diff_us):,.2f} µs" + (f" ({abs(r.diff_us) / most:.0%})"
                                                                if (most := max(abs(r.a_us), abs(r.b_us))) else ""),
              _num(r.floor_us), _num(r.a_gap_us), _num(r.b_gap_us)) for r in cmp.regions]
-    c.print(table("Regions, µs per token (median per token)",
+    c.print(table("Regions, µs per token (median per token" + (", each µs of device time once)" if cmp.exclusive else ")"),
                   ["region", "A µs", "B µs", "B - A", "winner", "floor µs", "A above floor", "B above floor"],
                   rows, right=(1, 2, 3, 5, 6, 7)))
     d = cmp.to_dict()

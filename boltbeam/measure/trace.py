@@ -154,7 +154,7 @@ class Timeline:
     """One token's kernels on their device timeline, in start order."""
     gaps_us: float          # idle time between consecutive kernels
     overlap_us: float       # time kernels ran at the same time
-    span_us: float          # first start to the end of the last kernel to start: kernels + gaps - overlap
+    span_us: float          # first start to the last end: kernels + gaps - overlap
     biggest_gap_us: float
     # of gaps_us, the idle time before a kernel of another host launch than the kernel before it (the
     # device waiting on the host's next graph), and how many such boundaries; None where a kernel's launch
@@ -170,16 +170,18 @@ def timeline(kernels: list[Kernel]) -> Timeline | None:
     ks = sorted(kernels, key=lambda k: k.start_us)
     gaps = overlap = biggest = between = 0.0
     boundaries = 0
+    covered = ks[0].start_us + ks[0].duration_us     # the device is busy until then (any kernel so far)
     for a, b in zip(ks, ks[1:]):
-        d = b.start_us - (a.start_us + a.duration_us)
+        d = b.start_us - covered
         gaps += max(0.0, d)
-        overlap += max(0.0, -d)
+        overlap += min(b.duration_us, max(0.0, -d))    # a kernel wholly inside earlier ones overlaps by its length
         biggest = max(biggest, d)
         if a.launch != b.launch:
             between += max(0.0, d)
             boundaries += 1
+        covered = max(covered, b.start_us + b.duration_us)
     known = all(k.launch is not None for k in ks)
-    return Timeline(gaps, overlap, ks[-1].start_us + ks[-1].duration_us - ks[0].start_us, biggest,
+    return Timeline(gaps, overlap, covered - ks[0].start_us, biggest,
                     between if known else None, boundaries if known else None)
 
 
