@@ -215,6 +215,31 @@ def test_bad_input_writes_nothing(case, capsys, tmp_path, tiny_model, tiny_bound
     assert not (tmp_path / "r.html").exists() and not list(tmp_path.glob("*.partial"))
 
 
+def test_exclusive_comparisons_on_the_page(capsys, tmp_path, tiny_model, tiny_bound):
+    """--exclusive: the page's comparison counts each µs once (no overlap row, said on the page); a trace
+    to compare without kernel start times is refused in one line before anything is written."""
+    trace, other, bare = tmp_path / "t.json", tmp_path / "o.json", tmp_path / "bare.json"
+    t = closing_trace(tiny_bound)
+    save(t, str(trace))
+    o = closing_trace(tiny_bound)
+    o.kernels = [dataclasses.replace(k, start_us=k.start_us - 0.5 * (k.index > 0)) for k in o.kernels]  # overlapping
+    save(o, str(other))
+    save(dataclasses.replace(o, kernels=[dataclasses.replace(k, start_us=None) for k in o.kernels]), str(bare))
+    for exclusive in (False, True):
+        out = tmp_path / f"audit{exclusive}"
+        code, _, _ = run(capsys, "audit", tiny_model, "--trace", trace, "--target", "h200", "--out", out,
+                         "--compare", other, *(["--exclusive"] if exclusive else []))
+        assert code == 0
+        cmp = json.loads((out / "audit.json").read_text())["compared"][0]
+        regions = {r["region"] for r in cmp["regions"]}
+        assert ("overlap" in regions) != exclusive and cmp["method"].endswith("exclusive device time") == exclusive
+        assert ("counted once" in (out / "report.html").read_text()) == exclusive
+    code, _, err = run(capsys, "audit", tiny_model, "--trace", trace, "--target", "h200", "--out", tmp_path / "x",
+                       "--compare", bare, "--exclusive")
+    assert code == 2 and "start time" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists() or list((tmp_path / "x").iterdir()) == []
+
+
 def test_strict_refuses_an_account_that_does_not_close(capsys, tmp_path, tiny_model, tiny_bound):
     t = closing_trace(tiny_bound)
     t.token_wall_us = [w * 1.2 for w in t.token_wall_us]

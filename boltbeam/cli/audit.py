@@ -48,6 +48,9 @@ def _page_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--compare", action="append", default=[], metavar="FILE",
                    help="a second trace, or llama-bench JSON, to compare region by region (repeatable)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="compare counting each µs of device time once (shared time to the kernel that started "
+                        "first; see `boltbeam compare --exclusive`)")
     p.add_argument("--ledger", metavar="LEDGER", help="a ledger whose verdicts the page lists")
     p.add_argument("--search", metavar="SEARCH.json", help="a `boltbeam search` summary: the page draws its funnel")
     p.add_argument("--price-per-hour", type=float, metavar="USD",
@@ -68,6 +71,10 @@ class _Inputs:
         self.target = get_target(args.target, args.targets)
         self.price = price_of(self.target, args.price_per_hour)
         self.others = [(path, load_other(path, context)) for path in args.compare]
+        self.exclusive = args.exclusive
+        for path, other in self.others if self.exclusive else ():
+            if any(k.start_us is None for k in other.kernels):
+                raise BadInput(f"{path}: --exclusive needs every kernel's start time, and its kernels have none")
         self.ledger = read_ledger(args.ledger) if args.ledger else None
         self.funnel = load_funnel(args.search) if args.search else None
 
@@ -121,7 +128,7 @@ def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profil
     from boltbeam.report.audit import assemble
     from boltbeam.report.page import render
     audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
-                     funnel=inputs.funnel)
+                     funnel=inputs.funnel, exclusive=inputs.exclusive)
     html = _checked_size(render(audit))
     acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
                "returns": audit.returns.to_dict() if audit.returns else None}
@@ -160,7 +167,7 @@ def run_report(args: argparse.Namespace) -> int:
     inputs = _Inputs(args, trace.workload.get("context"))
     b = bound(take_census(model), inputs.target, context=trace.workload.get("context") or 0, batch=1)
     audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
-                     funnel=inputs.funnel)
+                     funnel=inputs.funnel, exclusive=inputs.exclusive)
     write_atomic(args.out, _checked_size(render(audit)))
     return _summarize(audit, Path(args.out), started, args)
 

@@ -109,9 +109,10 @@ def load_other(path: str, context: int | None) -> Trace:
 
 def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: Bound, price: Price | None,
              others: list[tuple[str, Trace]] = (), ledger: tuple[str, list[Entry]] | None = None,
-             funnel: Funnel | None = None) -> Audit:
-    """The audit of `trace` against its bound; comparisons with each of `others` (path, trace) and the
-    ledger's (path, entries), both read with load_other and read_ledger before any long step."""
+             funnel: Funnel | None = None, exclusive: bool = False) -> Audit:
+    """The audit of `trace` against its bound; comparisons with each of `others` (path, trace), each µs of
+    device time once where `exclusive`, and the ledger's (path, entries), both read with load_other and
+    read_ledger before any long step."""
     if not trace.token_wall_us:
         raise BadInput(f"trace {trace_path}: no plain token walls: nothing to audit")
     acc, why = None, None
@@ -119,7 +120,7 @@ def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: B
         acc = account(trace, bound, target)
     except Refused as e:   # whole-token figures only: the page still draws the rest
         why = str(e)
-    compared = [Compared(path, compare(trace, other, bound)) for path, other in others]
+    compared = [Compared(path, compare(trace, other, bound, exclusive)) for path, other in others]
     ledger_path, entries = ledger or (None, [])
     return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
                  compared, ledger_path, entries, funnel)

@@ -78,7 +78,9 @@ def _charts(audit: Audit) -> list[Chart]:
         notes = [f"A: {audit.trace_path} ({cmp.a_label}); B: {c.path} ({cmp.b_label})",
                  *(f"cannot compare {x['region']}: {x['reason']}" for x in cmp.incomparable), *cmp.notes]
         out.append(Chart(f"compare-{i + 1}", f"Who wins where: against {cmp.b_label}",
-                         "Bars per region, each region's floor marked; the whole token first.",
+                         "Bars per region, each region's floor marked; the whole token first."
+                         + (" Each µs of device time counted once: where kernels overlap, it goes to the one that "
+                            "started first." if cmp.exclusive else ""),
                          svg, [x[0] for x in cols], _table(rows, cols), notes=notes))
     if audit.funnel is not None:
         svg, rows = charts.funnel(audit.funnel.steps)
