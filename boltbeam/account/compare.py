@@ -64,6 +64,11 @@ def region_times(trace: Trace, exclusive: bool = False) -> dict[str, float]:
     return {r: median(d.get(r, 0.0) for d in per_token) for r in REGIONS}
 
 
+def placed(trace: Trace) -> bool:
+    """Every kernel of the trace has its start on the device timeline (what exclusive_times needs)."""
+    return all(k.start_us is not None for k in trace.kernels)
+
+
 def exclusive_times(kernels: list[Kernel]) -> list[tuple[Kernel, float]]:
     """Each kernel of one token with the part of its time no kernel that started before it covers (a
     kernel wholly inside an earlier one: 0), so the parts sum to the token's busy device time."""
@@ -153,7 +158,7 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None, exclusive: bool = Fa
     """Compare traces A and B region by region; floors when a bound is given; `exclusive`: each µs of device
     time once (exclusive_times), which needs every kernel's start."""
     notes: list[str] = []
-    if exclusive and any(k.start_us is None for t in (a, b) for k in t.kernels):
+    if exclusive and not (placed(a) and placed(b)):
         raise Refused("--exclusive needs every kernel's start time (a device timeline) in both traces")
     rows = (*REGIONS, *TIMELINE_ROWS[:1 if exclusive else None])
     if not a.token_wall_us or not b.token_wall_us:

@@ -65,6 +65,7 @@ class _Inputs:
     """Everything the user handed in, read and checked before any long step runs."""
 
     def __init__(self, args: argparse.Namespace, context: int | None):
+        from boltbeam.account.compare import placed
         from boltbeam.account.price import price_of
         from boltbeam.bound.targets import get_target
         from boltbeam.report.audit import load_funnel, load_other, read_ledger
@@ -73,7 +74,7 @@ class _Inputs:
         self.others = [(path, load_other(path, context)) for path in args.compare]
         self.exclusive = args.exclusive
         for path, other in self.others if self.exclusive else ():
-            if any(k.start_us is None for k in other.kernels):
+            if not placed(other):
                 raise BadInput(f"{path}: --exclusive needs every kernel's start time, and its kernels have none")
         self.ledger = read_ledger(args.ledger) if args.ledger else None
         self.funnel = load_funnel(args.search) if args.search else None
