@@ -413,6 +413,38 @@ def test_each_product_alone_checked_then_timed_in_futuresights_order(tiny_model)
     assert none.timed == [] and none.best is None
 
 
+def test_an_earlier_searchs_fastest_go_first(tmp_path):
+    """--alone-from: an earlier search's times alone, fastest first by product, are timed first (up to half
+    of `most`; only those legal here, each once), then FutureSight's order; a file that is not such a
+    summary is one line."""
+    from boltbeam.route import alone, gemv
+    shape = alone.Shape(256, 512, 6, 16, False)        # every geometry below divides it
+    key = gemv.product_key(shape.planes())
+    target = get_target("h200")
+    geometries = [Geometry(1, 32, 1, 4), Geometry(1, 32, 4, 16), Geometry(32, 1, 2, 8), Geometry(2, 16, 1, 8)]
+    summary = tmp_path / "search.json"
+    summary.write_text(json.dumps({"alone": [{"key": key, "timed": [
+        {"geometry": "2:16:1:8", "median_us": 9.0}, {"geometry": "1:32:4:16", "median_us": 5.0},
+        {"geometry": "64:1:1:8", "median_us": 1.0},                  # not among this search's geometries
+        {"geometry": "1:32:1:4", "median_us": None, "refused": "tinygrad refuses"}]}]}))
+    earlier = alone.earlier_times(str(summary))
+    assert earlier == {key: [Geometry(64, 1, 1, 8), Geometry(1, 32, 4, 16), Geometry(2, 16, 1, 8)]}
+    plain = alone.time_product(shape, 1, "float16", geometries, target, Calibration(), 4, 60.0,
+                               np.random.default_rng(0), reps=1)
+    got = alone.time_product(shape, 1, "float16", geometries, target, Calibration(), 4, 60.0,
+                             np.random.default_rng(0), reps=1, earlier=earlier[key] * 2)
+    assert plain.legal == got.legal == 4
+    assert got.from_earlier == 2 and plain.from_earlier == 0
+    assert [r.geometry for r in got.timed[:2]] == ["1:32:4:16", "2:16:1:8"]
+    rest = [r.geometry for r in plain.timed if r.geometry not in ("1:32:4:16", "2:16:1:8")]
+    assert [r.geometry for r in got.timed[2:]] == rest[:2] and len({r.geometry for r in got.timed}) == 4
+    for doc, said in (([], "not a summary"), ({"alone": [{"key": key}]}, "not a summary"),
+                      ({"alone": [{"key": key, "timed": [{"geometry": "8:4", "median_us": 1.0}]}]}, "expected LANES")):
+        summary.write_text(json.dumps(doc))
+        with pytest.raises(BadInput, match=said):
+            alone.earlier_times(str(summary))
+
+
 def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_model, tmp_path):
     """search --family gemv --alone K: each product of the route's layout timed alone at its K best predicted
     geometries, and the geometry for each product judged first; its route keeps a geometry per product,
@@ -440,12 +472,22 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
     assert all(c["skipped"] for c in summary["candidates"][1:])     # the budget: one judged
     ran = tracefile.load(first["trace"])
     assert ran.route["settings"]["families"]["gemv-geometry"]["per_product"] == first["setting"]
+    # Again from this search's times: each product's fastest are timed first.
+    again = json.loads(_ok(_run([*cmd, "--family", "gemv", "--alone", "2", "--seconds-per-kernel", "30",
+                                 "--alone-from", str(out / "search.json"), "--on", str(tmp_path / "on.json"),
+                                 "--out", str(tmp_path / "from")])).stdout)
+    fastest = {p["key"]: p["best"] for p in timed}
+    assert all(p["from_earlier"] == 1 and p["timed"][0]["geometry"] == fastest[p["key"]] for p in again["alone"])
     if summary["chosen"]:
         assert summary["chosen_trace"] == first["trace"]
         route = routes.load(str(out / "route.json"))
         assert gemv.setting_of(None, route.gemv) == gemv.PerProduct.parse(first["setting"]) and route.layout == on.layout
     for flags, said in ((["--family", "fusion", "--alone", "2"], "go with --family gemv"),
                         (["--family", "gemv", "--alone", "0"], "go with --family gemv, 1 or more"),
-                        (["--alone", "2"], "judge whole tokens")):
+                        (["--alone", "2"], "judge whole tokens"),
+                        (["--family", "gemv", "--alone-from", str(out / "search.json")], "give --alone K too"),
+                        (["--family", "gemv", "--alone", "2", "--alone-from", str(out / "route.json" if summary["chosen"]
+                                                                                 else tmp_path / "on.json")],
+                         "not a summary of products timed alone")):
         done = _run([*cmd, *flags, "--on", str(tmp_path / "on.json"), "--out", str(tmp_path / "again")])
         assert done.returncode == 2 and said in done.stderr and not (tmp_path / "again").exists(), flags

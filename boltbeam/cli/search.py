@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alone", type=int, metavar="K", help="with --family gemv: first time each product of the route's "
                    "layout alone at its K best predicted geometries (at most --seconds-per-kernel S a product), and "
                    "judge the fastest geometry for each product before the family's single geometries")
+    p.add_argument("--alone-from", metavar="SEARCH.json", help="with --alone: time first, for each product, the "
+                   "geometries an earlier gemv search (its search.json) timed fastest there (up to half of K), "
+                   "then FutureSight's best")
     fan = p.add_mutually_exclusive_group()
     fan.add_argument("--workers", type=int, metavar="N", help="time on a local Dask cluster of N worker processes, "
                      "one device each (on CUDA, worker i sees GPU i); planning and the ledger stay here")
@@ -109,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target, args.targets)
     if args.family in WHOLE_TOKEN:
         return _choose_whole(model, target, args)
-    if args.beam or args.baseline or args.on or args.alone:
-        raise BadInput(f"--beam, --on, --baseline and --alone judge whole tokens: they go with --family "
+    if args.beam or args.baseline or args.on or args.alone or args.alone_from:
+        raise BadInput(f"--beam, --on, --baseline and --alone (--alone-from) judge whole tokens: they go with --family "
                        f"{' or '.join(WHOLE_TOKEN)}")
     fam = searchable(args.family)
     _facts_needed(fam, target)
@@ -176,6 +179,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
+    from boltbeam.route import alone as alone_timing
     from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, legal_space, with_setting
     family = FAMILIES[args.family]
     if args.beam < 0:
@@ -188,6 +192,9 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     if args.alone is not None and (family.name != "gemv" or args.alone < 1 or not args.seconds_per_kernel > 0):
         raise BadInput(f"--alone {args.alone}: geometries timed alone a product go with --family gemv, 1 or more, "
                        f"with --seconds-per-kernel above 0")
+    if args.alone_from and args.alone is None:
+        raise BadInput("--alone-from orders the geometries --alone times: give --alone K too")
+    earlier = alone_timing.earlier_times(args.alone_from) if args.alone_from else None
     census = take_census(model)
     sha = sha256_file(model)
     on = None
@@ -208,7 +215,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
             choice = choose(family, model, census, args.device, args.context, args.tokens, target, ledger, sha, out,
                             lambda what: bar.update(task, description=escape(what)), beam=beam,
                             budget=args.budget, baseline=baseline, on=on, alone=args.alone,
-                            seconds=args.seconds_per_kernel)
+                            seconds=args.seconds_per_kernel, earlier=earlier)
     route = None
     if choice.chosen:
         route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, beam)

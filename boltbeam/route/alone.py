@@ -9,8 +9,10 @@ timed, as tinygrad's BEAM times a kernel (its own `_time_program`, the caches em
 where the device can), on scratch buffers of the kernel's sizes filled with random bytes; a geometry that
 computes the input's group sums once is timed with that kernel's time added. Geometries go in
 FutureSight's order (equal predictions in a seeded random order), `most` at most a product and no new
-one after `seconds` of the product's own; a product's choice is its fastest. Nothing here decides the
-route: the whole token does.
+one after `seconds` of the product's own; a product's choice is its fastest. Where an earlier search's
+times alone are given (earlier_times), up to half of a product's `most` go first to the geometries that
+search found fastest there, timed again (another session, another machine), and the rest explore in
+FutureSight's order. Nothing here decides the route: the whole token does.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput
 from boltbeam.route.gemv import Geometry, product_key
 from boltbeam.route.layout import Planes, Setting, values_of
 from boltbeam.search.future import Calibration, rank_correlation
@@ -69,6 +72,7 @@ class Product:
     bytes: int
     legal: int                                   # geometries that divide its shape
     timed: list[Timed] = field(default_factory=list)
+    from_earlier: int = 0                        # of timed: the first ones, an earlier search's fastest
     best: str | None = None
     best_us: float | None = None
     spearman: float | None = None                # FutureSight's order against the times
@@ -128,10 +132,33 @@ def time_alone(asts: tuple, opts: tuple | None, reps: int, rng) -> list[list[flo
     return out
 
 
+def earlier_times(path: str) -> dict[str, list[Geometry]]:
+    """An earlier gemv search's summary (its search.json): each product's geometries timed alone there,
+    fastest first; one line on anything else."""
+    from boltbeam.files import load_json
+    doc = load_json(path, "search summary")
+    products = doc.get("alone") if isinstance(doc, dict) else None
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not isinstance(products, list) or not products or not all(
+            isinstance(p, dict) and isinstance(p.get("key"), str) and isinstance(p.get("timed"), list) and
+            all(isinstance(r, dict) and isinstance(r.get("geometry"), str) for r in p["timed"]) for p in products):
+        raise BadInput(f"{path}: not a summary of products timed alone (`search --family gemv --alone K` writes one)")
+    out = {}
+    for p in products:
+        done = sorted((r for r in p["timed"] if number(r.get("median_us"))), key=lambda r: r["median_us"])
+        try:
+            out[p["key"]] = [Geometry.parse(r["geometry"]) for r in done]
+        except BadInput as e:
+            raise BadInput(f"{path}: product {p['key']}: {e}") from None
+    return out
+
+
 def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Geometry], target: Target,
-                 cal: Calibration, most: int, seconds: float, rng, reps: int = REPS) -> Product:
-    """The product's legal geometries in FutureSight's order, each checked then timed alone, until `most`
-    were timed or `seconds` passed; its fastest is its choice."""
+                 cal: Calibration, most: int, seconds: float, rng, reps: int = REPS,
+                 earlier: list[Geometry] = ()) -> Product:
+    """The product's legal geometries, each checked then timed alone, until `most` were timed or `seconds`
+    passed: first (up to half of `most`) those of `earlier`, an earlier search's fastest first, that are
+    legal here; then FutureSight's order. Its fastest is its choice."""
     from tinygrad import Device, Tensor
 
     from boltbeam.route.choose import geometry_sight
@@ -147,7 +174,11 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     # FutureSight predicts many geometries alike (at the bandwidth floor): among equal predictions it has no
     # order, so they go in a random one (seeded), and `most` samples them across the space, not one corner
     tie = dict(zip(geometries, rng.permutation(len(geometries)).tolist()))
-    for g in sorted(sights, key=lambda g: (sights[g].us, tie[g]))[:most]:
+    first = list(dict.fromkeys(g for g in earlier if g in sights))[:most // 2]
+    out.from_earlier = len(first)
+    taken = set(first)
+    rest = [g for g in sorted(sights, key=lambda g: (sights[g].us, tie[g])) if g not in taken]
+    for g in (first + rest)[:most]:
         if time.monotonic() - t0 > seconds:
             break
         p.geometry, p.thread_groups, p.memo = g, groups, None
@@ -175,12 +206,15 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
 
 
 def time_products(census, setting: Setting, geometries: list[Geometry], target: Target, cal: Calibration,
-                  most: int, seconds: float, say: Callable[[str], None] = lambda s: None) -> list[Product]:
-    """Every product shape of the layout, timed alone at its geometries (time_product), biggest first."""
+                  most: int, seconds: float, say: Callable[[str], None] = lambda s: None,
+                  earlier: dict[str, list[Geometry]] | None = None) -> list[Product]:
+    """Every product shape of the layout, timed alone at its geometries (time_product; an earlier search's
+    fastest first, by product, where `earlier` is given), biggest first."""
     rng = np.random.default_rng(0)
     counted = sorted(shapes(census, setting).items(), key=lambda kv: -kv[0].rows * kv[0].cols * kv[0].bits)
     out = []
     for shape, count in counted:
         say(f"timing geometries alone: {product_key(shape.planes())}")
-        out.append(time_product(shape, count, setting.scale_dtype, geometries, target, cal, most, seconds, rng))
+        out.append(time_product(shape, count, setting.scale_dtype, geometries, target, cal, most, seconds, rng,
+                                earlier=(earlier or {}).get(product_key(shape.planes()), ())))
     return out

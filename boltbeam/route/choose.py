@@ -371,11 +371,13 @@ def check_on(family: WholeToken, path: str, on: Route | None) -> None:
 
 
 def per_product(census, route_on: Route, legal: list, target: Target, cal: Calibration, most: int, seconds: float,
-                say: Callable[[str], None]) -> tuple[Candidate | None, list]:
+                say: Callable[[str], None], earlier: dict | None = None) -> tuple[Candidate | None, list]:
     """gemv: each product of the route's layout timed alone at its `most` best predicted geometries
-    (route/alone.py), and the setting that gives each product its fastest, as a candidate whose
-    prediction is those times, each as often as a token runs its product (None: no product timed)."""
-    products = alone_timing.time_products(census, Setting(**route_on.layout), legal, target, cal, most, seconds, say)
+    (route/alone.py; an earlier search's fastest first where `earlier` holds them), and the setting that
+    gives each product its fastest, as a candidate whose prediction is those times, each as often as a
+    token runs its product (None: no product timed)."""
+    products = alone_timing.time_products(census, Setting(**route_on.layout), legal, target, cal, most, seconds, say,
+                                          earlier)
     chosen = [p for p in products if p.best is not None]
     if not chosen:
         return None, products
@@ -387,12 +389,13 @@ def per_product(census, route_on: Route, legal: list, target: Target, cal: Calib
 def choose(family: WholeToken, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
            sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
-           alone: int | None = None, seconds: float = 30.0) -> Choice:
+           alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on) or to tinygrad's own, against that route without them (BEAM width `beam` on both
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
     promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
-    at most `alone` a product and `seconds` of its own), and the geometry for each product is judged first."""
+    at most `alone` a product and `seconds` of its own, an earlier search's fastest first where `earlier`,
+    from alone.earlier_times, holds them), and the geometry for each product is judged first."""
     path_on, route_on = on if on else ("none", None)
     cal = calibration(target.name)
     legal, rejected = legal_space(family, target)
@@ -404,7 +407,7 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     candidates.sort(key=lambda c: c.predicted_us)
     products = []
     if alone:
-        first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say)
+        first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say, earlier)
         candidates[:0] = [first] if first else []
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
     if baseline is None:
