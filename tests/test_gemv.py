@@ -438,6 +438,9 @@ def test_an_earlier_searchs_fastest_go_first(tmp_path):
     assert [r.geometry for r in got.timed[:2]] == ["1:32:4:16", "2:16:1:8"]
     rest = [r.geometry for r in plain.timed if r.geometry not in ("1:32:4:16", "2:16:1:8")]
     assert [r.geometry for r in got.timed[2:]] == rest[:2] and len({r.geometry for r in got.timed}) == 4
+    late = alone.time_product(shape, 1, "float16", geometries, target, Calibration(), 4, 0.0,
+                              np.random.default_rng(0), reps=1, earlier=earlier[key])
+    assert late.timed == [] and late.from_earlier == 0        # out of time before the first: none reached
     for doc, said in (([], "not a summary"), ({"alone": [{"key": key}]}, "not a summary"),
                       ({"alone": [{"key": key, "timed": [{"geometry": "8:4", "median_us": 1.0}]}]}, "expected LANES")):
         summary.write_text(json.dumps(doc))

@@ -175,7 +175,6 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     # order, so they go in a random one (seeded), and `most` samples them across the space, not one corner
     tie = dict(zip(geometries, rng.permutation(len(geometries)).tolist()))
     first = list(dict.fromkeys(g for g in earlier if g in sights))[:most // 2]
-    out.from_earlier = len(first)
     taken = set(first)
     rest = [g for g in sorted(sights, key=lambda g: (sights[g].us, tie[g])) if g not in taken]
     for g in (first + rest)[:most]:
@@ -196,6 +195,7 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
         else:
             row.refused = samples
         out.timed.append(row)
+    out.from_earlier = min(len(first), len(out.timed))     # out of time sooner: only those it reached
     ok = [r for r in out.timed if r.median_us is not None]
     if ok:
         best = min(ok, key=lambda r: r.median_us)
