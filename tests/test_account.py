@@ -513,17 +513,18 @@ def test_a_kernel_inside_another_overlaps_by_its_length_and_leaves_no_gap():
     assert (t.gaps_us, t.overlap_us, t.span_us) == (2.0, 4.0, 42.0)
 
 
-@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 20)), min_size=1, max_size=12))
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 20), st.integers(0, 2)), min_size=1, max_size=12))
 @settings(max_examples=300, derandomize=True, deadline=None, database=None)
 def test_a_timeline_holds_every_kernel_once(placed):
-    """Any placement: the span is the kernels' sum plus the gaps less the overlap, and --exclusive parts sum
-    to the span less the gaps."""
+    """Any placement: the span is the kernels' sum plus the gaps less the overlap, the gaps split into those
+    at launch boundaries and those within a launch, and --exclusive parts sum to the span less the gaps."""
     from boltbeam.account.compare import exclusive_times
     from boltbeam.measure.trace import timeline
-    ks = [dataclasses.replace(kernel(d, "ffn_up"), start_us=s, index=i) for i, (s, d) in enumerate(placed)]
+    ks = [dataclasses.replace(kernel(d, "ffn_up"), start_us=s, index=i, launch=n) for i, (s, d, n) in enumerate(placed)]
     t = timeline(ks)
     total = sum(k.duration_us for k in ks)
     assert t.span_us == pytest.approx(total + t.gaps_us - t.overlap_us, abs=1e-9)
+    assert t.between_launches_us + t.within_launches_us == pytest.approx(t.gaps_us, abs=1e-9)
     assert t.gaps_us >= 0 and 0 <= t.overlap_us <= total + 1e-9
     assert sum(us for _, us in exclusive_times(ks)) == pytest.approx(t.span_us - t.gaps_us, abs=1e-9)
 

@@ -537,12 +537,13 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
             # the kernels say which host launch (a graph) each ran in: the idle time where one launch ends and
             # the next begins is the device waiting on the host, a line of its own
             between = fmean(t.between_launches_us for t in timelines)
+            within = fmean(t.within_launches_us for t in timelines)
             boundaries = max(t.launch_boundaries for t in timelines)
             overheads.append(Line("waits for the next launch", "gap", between, "launch boundary",
                                   f"idle device time where one host launch (a graph, or a kernel alone) ends and the "
                                   f"next begins, at {boundaries} boundar{'y' if boundaries == 1 else 'ies'} a token: "
                                   f"the device waiting while the host prepares and launches the next"))
-            overheads.append(Line("gaps between kernels", "gap", gaps - between, "gap",
+            overheads.append(Line("gaps between kernels", "gap", within, "gap",
                                   "idle device time between consecutive kernels of one launch"))
         else:
             overheads.append(Line("gaps between kernels", "gap", gaps, "gap", f"idle device time between consecutive "

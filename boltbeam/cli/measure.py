@@ -63,10 +63,10 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--split-attention", metavar="CHUNK[:staged]", help="decode attention split over the sequence "
                    "in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes each "
                    "chunk's partial results to buffers of their own before the combine")
-    p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP]]", help="the geometry of the "
-                   "layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows a "
-                   "thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads in "
-                   "one step (default 1); its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
+    p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
+                   "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
+                   "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
+                   "in one step (default 1); 1 to unpack values under a float's exponent (default 0); its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
                    "ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the compiler's opts)")
     p.add_argument("--fusion", metavar="norm", help="fold into the layout's generated kernel (needs --layout ...:kernel): "
                    "`norm` folds each RMS norm whose every reader runs that kernel into those products (spaces.toml, "

@@ -157,9 +157,10 @@ class Timeline:
     span_us: float          # first start to the last end: kernels + gaps - overlap
     biggest_gap_us: float
     # of gaps_us, the idle time before a kernel of another host launch than the kernel before it (the
-    # device waiting on the host's next graph), and how many such boundaries; None where a kernel's launch
-    # is not known
+    # device waiting on the host's next graph), the rest (before a kernel of the same launch), and how many
+    # such boundaries; None where a kernel's launch is not known
     between_launches_us: float | None = None
+    within_launches_us: float | None = None
     launch_boundaries: int | None = None
 
 
@@ -168,7 +169,7 @@ def timeline(kernels: list[Kernel]) -> Timeline | None:
     if not kernels or any(k.start_us is None for k in kernels):
         return None
     ks = sorted(kernels, key=lambda k: k.start_us)
-    gaps = overlap = biggest = between = 0.0
+    gaps = overlap = biggest = between = within = 0.0
     boundaries = 0
     covered = ks[0].start_us + ks[0].duration_us     # the device is busy until then (any kernel so far)
     for a, b in zip(ks, ks[1:]):
@@ -179,10 +180,12 @@ def timeline(kernels: list[Kernel]) -> Timeline | None:
         if a.launch != b.launch:
             between += max(0.0, d)
             boundaries += 1
+        else:
+            within += max(0.0, d)
         covered = max(covered, b.start_us + b.duration_us)
     known = all(k.launch is not None for k in ks)
-    return Timeline(gaps, overlap, covered - ks[0].start_us, biggest,
-                    between if known else None, boundaries if known else None)
+    return Timeline(gaps, overlap, covered - ks[0].start_us, biggest, *((between, within, boundaries) if known
+                                                                         else (None, None, None)))
 
 
 def _is_int(x: Any) -> bool:
