@@ -259,8 +259,8 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     f = census.facts
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
     h200, cal = get_target("h200"), Calibration()
-    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}" for c in (16, 32, 64, 128, 256)
-                                                             for st in ("", ":staged")}
+    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}{ca}" for c in (16, 32, 64, 128, 256)
+                                                             for st in ("", ":staged") for ca in ("", ":carried")}
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -272,6 +272,10 @@ def test_futuresight_on_split_attention_settings(tiny_model):
                                                                  f.head_dim, 64, 40) if k.reads_cache]
     assert readers(False)[-1] == f.heads * f.head_dim and readers(True)[-1] == 2 * f.heads * f.head_dim
     assert "little's law" in staged.terms and staged.memory_us < unstaged.memory_us
+    # Carried, each chunk's sum rides with its weighted values and the denominator with the combine's
+    # output: two reductions fewer a block, one division more; the same cache read.
+    carried = choose.split_prediction(census, attention.Split(32, True, True), 40, h200, cal)
+    assert (carried.bytes, carried.kernels) == (staged.bytes, staged.kernels - f.blocks)
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
@@ -319,8 +323,8 @@ def test_one_switch_turns_every_generated_family_off(monkeypatch):
     (3, 3, 64, 512, 32),     # the shape that sent tinygrad's code generator into endless recursion before
     (8, 4, 128, 512, 128),
 ])
-@pytest.mark.parametrize("staged", [False, True])
-def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, total, chunk, staged):
+@pytest.mark.parametrize("staged, carried", [(False, False), (True, False), (True, True), (False, True)])
+def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, total, chunk, staged, carried):
     """One query position over a cache whose length is a JIT variable: by chunks, then combined."""
     from tinygrad import Tensor, TinyJit, UOp
     from boltbeam.route.attention import split_sdpa
@@ -329,7 +333,7 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
 
     @TinyJit
     def split(q, p):
-        return split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], chunk, total, staged).realize()
+        return split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], chunk, total, staged, carried).realize()
 
     for p in (0, chunk - 1, chunk, total // 2 + 3, total - 1):   # first chunk, its edges, a partial chunk, all
         q = Tensor.randn(1, kv_heads * group, 1, head_dim).realize()
@@ -420,7 +424,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
            "--ledger", str(ledger), "--budget", "1", "--json"]
     summary = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "on.json"), "--out", str(out)])).stdout)
     judged = [c for c in summary["candidates"] if not c["skipped"]]
-    assert len(summary["candidates"]) == 10 and len(judged) == 1 and judged[0]["verdict"] in VERDICTS
+    assert len(summary["candidates"]) == 20 and len(judged) == 1 and judged[0]["verdict"] in VERDICTS
     assert judged[0] == summary["candidates"][0]            # FutureSight's first
     from boltbeam.measure import trace as tracefile
     ran = tracefile.load(str(out / f"split_attention_{judged[0]['setting'].replace(':', '_')}.json"))
@@ -434,13 +438,23 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     routes.save(dataclasses.replace(on, beam=2), tmp_path / "beam.json")
     done = _run([*cmd, "--on", str(tmp_path / "beam.json"), "--baseline", str(out / "baseline.json"), "--out", str(tmp_path / "b")])
     assert done.returncode == 2 and "BEAM width 0" in done.stderr and not (tmp_path / "b").exists()
+    # A route that splits already (written before `carried`: off) is searched again: its own setting is the
+    # baseline, not a candidate, and the candidate judged replaces it.
     split = dataclasses.replace(on, split_attention={"chunk": 16, "staged": True})
     routes.save(split, tmp_path / "split.json")
-    done = _run([*cmd, "--on", str(tmp_path / "split.json"), "--out", str(tmp_path / "again")])
-    assert done.returncode == 2 and "already sets split_attention" in done.stderr and not (tmp_path / "again").exists()
+    again = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "split.json"), "--out", str(tmp_path / "again")])).stdout)
+    own = [c for c in again["candidates"] if c["skipped"] == "the route's own setting: the baseline"]
+    assert [c["setting"] for c in own] == ["16:staged"]
+    (judged,) = [c for c in again["candidates"] if not c["skipped"]]
+    assert judged["setting"] != "16:staged" and judged["verdict"] in VERDICTS
+    ran = tracefile.load(str(tmp_path / "again" / f"split_attention_{judged['setting'].replace(':', '_')}.json"))
+    assert {k: v for k, v in ran.route["settings"]["families"]["split-attention"].items() if k in ("chunk", "staged", "carried")} \
+        == dict(zip(("chunk", "staged", "carried"), (int(judged["setting"].split(":")[0]), "staged" in judged["setting"],
+                                                     "carried" in judged["setting"])))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
-    assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "applied": 2,
-                                                                       "eligible": 2, "bytes": 0, "build_seconds": 0.0}
+    assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
+                                                                       "applied": 2, "eligible": 2, "bytes": 0,
+                                                                       "build_seconds": 0.0}
 
 
 def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
@@ -455,10 +469,13 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     assert reads_kv(split) and reads_kv(split) != reads_kv(default)   # other kernels read the cache now
     # a chunk the family does not list: one line before any loading
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "48"], "one of 16, 32, 64, 128, 256")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged][:carried]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
-        ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, "keys chunk and staged"),
-        ("32", "a table (chunk, staged)"), ({"chunk": 32, "staged": "yes"}, "staged true or false")))
+        ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, "keys chunk, staged and carried"),
+        ({"chunk": 32, "staged": True, "carried": False, "fused": True}, "keys chunk, staged and carried"),
+        ("32", "a table (chunk, staged, carried)"), ({"chunk": 32, "staged": "yes"}, "staged and carried true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged and carried true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):
@@ -478,4 +495,5 @@ def test_search_judges_constants_once_whole(tiny_model, tmp_path):
         route = routes.load(str(out / "route.json"))
         assert route.constants_once is True and route.layout is None and route.provenance == "generated by search"
         done = _run([*cmd, "--on", str(out / "route.json"), "--out", str(tmp_path / "again")])
-        assert done.returncode == 2 and "already sets constants_once" in done.stderr and not (tmp_path / "again").exists()
+        assert done.returncode == 2 and "already sets constants_once to the family's only setting" in done.stderr
+        assert not (tmp_path / "again").exists()

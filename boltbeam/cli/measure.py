@@ -60,17 +60,19 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged]", help="decode attention split over the sequence "
-                   "in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes each "
-                   "chunk's partial results to buffers of their own before the combine")
+    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]", help="decode attention split over the "
+                   "sequence in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes "
+                   "each chunk's partial results to buffers of their own before the combine; `:carried` sums the "
+                   "exponentials as a column of ones beside the values (two reductions fewer a layer)")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
                    "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
                    "in one step (default 1); 1 to unpack values under a float's exponent (default 0); its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
                    "ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the compiler's opts)")
-    p.add_argument("--fusion", metavar="norm", help="fold into the layout's generated kernel (needs --layout ...:kernel): "
-                   "`norm` folds each RMS norm whose every reader runs that kernel into those products (spaces.toml, "
-                   "family fusion)")
+    p.add_argument("--fusion", metavar="norm|gated|norm+gated", help="fold into the layout's generated kernel (needs "
+                   "--layout ...:kernel): `norm` folds each RMS norm whose every reader runs that kernel into those "
+                   "products; `gated` makes a dense feed-forward's activation times up one kernel, reading gate and up "
+                   "from that kernel's output uncopied (spaces.toml, family fusion)")
 
 
 def _route_of(args: argparse.Namespace, model: str):
@@ -136,8 +138,9 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
         return Split.parse(flag)
     if from_route is None:
         return None
-    if set(from_route) != {"chunk", "staged"}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk and staged")
+    # (carried came after the first routes were written: a route without it runs it off)
+    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried"}:
+        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged and carried")
     return Split(**from_route)
 
 

@@ -201,8 +201,8 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     if args.on:
         on = args.on, routes.load(args.on)
         routes.check_applies(on[1], sha, routes.engine(), args.on)
-    check_on(family, *(on or ("none", None)))
-    legal_space(family, target)      # a target on which nothing is legal: one line, before the ledger opens
+    legal, _ = legal_space(family, target)    # a target on which nothing is legal: one line, before the ledger opens
+    check_on(family, *(on or ("none", None)), legal)
     beam = args.beam or (on[1].beam if on else 0)     # as profile runs a route: its BEAM width unless --beam
     baseline = None
     if args.baseline:

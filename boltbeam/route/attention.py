@@ -15,6 +15,10 @@ H200 one such kernel took 34 µs of a layer's ~48). Staged, the chunks' maxima, 
 values are written to buffers of their own first, so the weighted values keep the chunk as an
 output axis, and the combine reduces over the chunks alone: two kernels more a layer.
 
+`carried`, the third, sums each chunk's exponentials as one more column of its weighted values (a
+column of ones beside the values), and the combine's denominator as one more column of its output:
+two reductions fewer a layer (each chunk's sum, the combine's denominator), one division more.
+
 It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
 query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
 not by the block's class or the model.
@@ -24,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
@@ -36,35 +40,42 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 
 @dataclass(frozen=True)
 class Split:
-    """One setting of the family: positions a chunk, and whether the chunks' partials are staged."""
+    """One setting of the family: positions a chunk, whether the chunks' partials are staged, and whether
+    the sums of exponentials ride as a column of the weighted values."""
     chunk: int
     staged: bool = False
+    carried: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
         space = families()[SPACE].parameters
-        if not (isinstance(self.chunk, int) and self.chunk in space["chunk"] and isinstance(self.staged, bool)
-                and int(self.staged) in space["staged"]):
-            raise BadInput(f"split attention {self.chunk!r}, staged {self.staged!r}: positions per chunk must be one of "
-                           f"{', '.join(map(str, space['chunk']))}, staged true or false (spaces.toml, family {SPACE})")
+        if not (isinstance(self.chunk, int) and self.chunk in space["chunk"]
+                and all(isinstance(getattr(self, k), bool) and int(getattr(self, k)) in space[k] for k in KNOBS)):
+            raise BadInput(f"split attention {self.chunk!r}, staged {self.staged!r}, carried {self.carried!r}: positions "
+                           f"per chunk must be one of {', '.join(map(str, space['chunk']))}, staged and carried true or "
+                           f"false (spaces.toml, family {SPACE})")
 
     @property
     def flag(self) -> str:
-        return f"{self.chunk}:staged" if self.staged else str(self.chunk)
+        return ":".join([str(self.chunk), *(k for k in KNOBS if getattr(self, k))])
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK or CHUNK:staged (profile --split-attention)."""
-        chunk, _, staged = flag.partition(":")
-        if not chunk.isdigit() or staged not in ("", "staged"):
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged], e.g. 32 or 32:staged")
-        return cls(int(chunk), staged == "staged")
+        """CHUNK[:staged][:carried] (profile --split-attention)."""
+        chunk, *on = flag.split(":")
+        if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried], e.g. 32 or 32:staged:carried")
+        return cls(int(chunk), **{k: k in on for k in KNOBS})
 
 
-def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False):
+KNOBS = ("staged", "carried")      # the family's switches, in the flag's order
+
+
+def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
     """Attention of q (B, H, 1, Hd) over k, v (B, KvH, L, Hd), L <= total (variable), grouped query heads
     sharing each key head, by chunks of `chunk` positions of a sequence padded to `total`; `staged`
-    writes each chunk's maximum, sum and weighted values to their own buffers before the combine."""
+    writes each chunk's maximum, sum and weighted values to their own buffers before the combine;
+    `carried` sums the exponentials as a column of ones beside the values, in the same reductions."""
     from tinygrad import Tensor
     B, H, _, Hd = q.shape
     KvH, L = k.shape[1], k.shape[2]
@@ -82,11 +93,17 @@ def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False):
     stage = (lambda t: t.contiguous()) if staged else (lambda t: t)
     m = stage(s.max(-1))                                                     # each chunk's maximum
     p = (s - m.unsqueeze(-1)).exp()
-    vh = vc.float().expand(B, KvH, G, vc.shape[3], chunk, Hd).reshape(B, H, vc.shape[3], chunk, Hd)
-    o = stage((p.unsqueeze(-1) * vh).sum(-2))                                # (B, H, n, Hd)
-    total_p = stage(p.sum(-1))                                               # (B, H, n)
+    vf = vc.float().pad(((0, 0),) * 5 + ((0, 1),), value=1.0) if carried else vc.float()   # carried: ones beside
+    width = vf.shape[-1]
+    vh = vf.expand(B, KvH, G, vc.shape[3], chunk, width).reshape(B, H, vc.shape[3], chunk, width)
+    o = stage((p.unsqueeze(-1) * vh).sum(-2))                                # (B, H, n, Hd[+1])
     w = (m - m.max(-1, keepdim=True)).exp()                                  # the combine: one softmax over all chunks
-    out = (o * w.unsqueeze(-1)).sum(-2) / (total_p * w).sum(-1).unsqueeze(-1)
+    if carried:                                                              # each chunk's sum is o's last column
+        out = (o * w.unsqueeze(-1)).sum(-2)
+        out = out[..., :Hd] / out[..., Hd:]
+    else:
+        total_p = stage(p.sum(-1))                                           # (B, H, n)
+        out = (o * w.unsqueeze(-1)).sum(-2) / (total_p * w).sum(-1).unsqueeze(-1)
     return out.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
@@ -109,7 +126,8 @@ def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions:
         cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
         p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
         q = Tensor.empty(1, heads, 1, head_dim, device="CPU", dtype="half")
-        out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged)
+        out = split_sdpa(q, cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], split.chunk, total, split.staged,
+                         split.carried)
         linear, var_vals = out.linear_with_vars()
     renderer = Device["CPU"].renderer
     return tuple(Scheduled(outputs_at(call.src[0], renderer, var_vals), any(b is cache.uop.base for b in call.src[1:]))
@@ -126,7 +144,7 @@ def _split_decode_attention(split: Split, total: int, taken):
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
         if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0:
             taken()
-            return split_sdpa(q, k, v, split.chunk, total, split.staged)
+            return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 
     Tensor.scaled_dot_product_attention = sdpa
@@ -139,7 +157,7 @@ def _split_decode_attention(split: Split, total: int, taken):
 def install(net, census, model_path: str, setting: Split) -> Prepared:
     """Wrap every block's attention so its decode steps split over the sequence as `setting` says."""
     t0 = time.perf_counter()
-    prepared = Prepared(FAMILY, {"chunk": setting.chunk, "staged": setting.staged})
+    prepared = Prepared(FAMILY, asdict(setting))
     total = -(-net.max_context // setting.chunk) * setting.chunk     # the cache's positions, whole chunks
     split_blocks: set[int] = set()
     for i, block in enumerate(getattr(net, "blk", [])):

@@ -65,12 +65,13 @@ class WholeToken:
     flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
     refuses: Callable[[Route | None], str | None] = lambda on: None   # why a route cannot take the family
+    changes: Callable[[dict[str, int]], bool] = lambda values: True  # False: the setting is the route itself
 
     def space(self, target: Target) -> tuple[list, Counter]:
         """BubbleBeam: every setting whose rules hold in the target's facts, and the rest counted by the
-        rule each breaks."""
+        rule each breaks; a setting that changes nothing (every knob off) is the baseline, not a candidate."""
         legal, rejected = on_target(families()[self.name], target)
-        return [self.setting(s) for s in legal], rejected
+        return [self.setting(s) for s in legal if self.changes(s)], rejected
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,9 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
                       on: Route | None = None) -> Foreseen:
     """The norms folded into the route's layout products: each product that folds one reads the norm's
     weight (float32) beside its planes, and the norms launch no kernel of their own (a norm with a reader
-    the layout does not take stays, and costs what it cost without the family)."""
+    the layout does not take stays, and costs what it cost without the family). A fused feed-forward
+    reads and launches nothing of its own (what it removes, a copy and a kernel a block, the baseline
+    holds: the prediction orders the family's settings, it does not price the route)."""
     if why := kernel_layout_needed(fusion.SPACE)(on):
         raise BadInput(why)
     stack = Setting(**on.layout).stack == "stacked"
@@ -307,12 +310,12 @@ def measured_fraction(path: str, target: Target) -> tuple[str, float]:
 LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", layout_setting, layout_prediction,
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
-                   lambda v: attention.Split(v["chunk"], bool(v["staged"])), split_prediction,
+                   lambda v: attention.Split(v["chunk"], bool(v["staged"]), bool(v["carried"])), split_prediction,
                    lambda s: ["--split-attention", s.flag], asdict)
 GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
                   lambda s: ["--gemv", s.flag], lambda s: s.stored(), kernel_layout_needed(gemv.SPACE))
 FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
-                    lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE))
+                    lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE), lambda v: any(v.values()))
 CONSTANTS = WholeToken(constants.SPACE, CONSTANTS_LABEL, "constants_once", lambda v: constants.Once(**v),
                        constants_prediction, lambda s: ["--constants-once"], lambda s: True)
 WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION, CONSTANTS)}
@@ -361,13 +364,24 @@ def legal_space(family: WholeToken, target: Target) -> tuple[list, Counter]:
     return legal, rejected
 
 
-def check_on(family: WholeToken, path: str, on: Route | None) -> None:
-    """A route the family's settings can go on (None: tinygrad's own): one that does not set the family
-    already, and that the family can build on."""
-    if on is not None and getattr(on, family.route_key):
-        raise BadInput(f"route {path} already sets {family.route_key}: search {family.name} on a route without it")
+def check_on(family: WholeToken, path: str, on: Route | None, legal: list) -> None:
+    """A route the family's `legal` settings can go on (None: tinygrad's own): one the family can build on.
+    A route that sets the family already is searched again, where the family has another setting: each
+    candidate replaces its setting, and the route as it is is the baseline."""
     if why := family.refuses(on):
         raise BadInput(why)
+    current = getattr(on, family.route_key) if on else None
+    if current and all(_same_setting(family.stored(s), current) for s in legal):
+        raise BadInput(f"route {path} already sets {family.route_key} to the family's only setting here: nothing "
+                       f"to search")
+
+
+def _same_setting(stored, current) -> bool:
+    """Whether a candidate (as a route stores it) is the route's own setting; a knob the route file
+    predates reads as off."""
+    if isinstance(stored, dict) and isinstance(current, dict):
+        return all(stored.get(k, 0) == current.get(k, 0) for k in stored.keys() | current.keys())
+    return stored == current
 
 
 def per_product(census, route_on: Route, legal: list, target: Target, cal: Calibration, most: int, seconds: float,
@@ -391,7 +405,8 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
            alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
-    (path, route, passed by check_on) or to tinygrad's own, against that route without them (BEAM width `beam` on both
+    (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
+    against that route as it is (BEAM width `beam` on both
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
     promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
     at most `alone` a product and `seconds` of its own, an earlier search's fastest first where `earlier`,
@@ -420,8 +435,12 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "on": label_of(route_on, beam)}
     tried = 0
+    current = getattr(route_on, family.route_key) if route_on else None
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
+        if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(family.stored(c.setting), current):
+            c.skipped = "the route's own setting: the baseline"
+            continue
         skip, why = ledger.should_skip(candidate_id, {**scope, "setting": c.flag})
         if skip:
             c.skipped = why

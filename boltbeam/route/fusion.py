@@ -10,6 +10,11 @@ is a fact of GGUF's tensor kinds (roles.NORM_READERS), never a model's names; a 
 that runs anything else (an expert table, a layer the layout kept in GGUF blocks, tensor code) is left
 as it is, and the family counts it. Wherever a product is computed by tensor code (a prefill of
 variable length), the norm runs first, as before.
+
+With `gated` on, a block's feed-forward, ffn_down(silu(gate(x)) * up(x)) as tinygrad.llm writes it,
+takes the gate's and up's rows straight from the layout kernel's output (one product for a stack): the
+activation and the up product are one kernel, where tinygrad.llm makes the activation contiguous first
+(its own TODO) and a stack's product is copied before its rows are taken, three kernels in all.
 """
 from __future__ import annotations
 
@@ -28,11 +33,15 @@ SPACE = "fusion"                   # its knobs and their values: data/spaces.tom
 
 @dataclass(frozen=True)
 class Fusion:
-    norm: int = 1
+    norm: int = 0      # RMS norms folded into their readers' products
+    gated: int = 0     # a feed-forward's activation and up product in one kernel
 
     def __post_init__(self):
         from boltbeam.search.space import check_knobs
         check_knobs(self, SPACE)
+        if not any(getattr(self, f) for f in FIELDS):
+            raise BadInput(f"fusion {asdict(self)}: folds nothing (the route without the family); turn on one of "
+                           f"{', '.join(FIELDS)}")
 
     @property
     def flag(self) -> str:
@@ -59,6 +68,28 @@ class Normed:
         return x
 
 
+class GatedFeedForward:
+    """A block's feed-forward as tinygrad.llm's dense block computes it, ffn_down(silu(gate(x)) * up(x)),
+    with gate's and up's rows read from their product uncopied, so the activation, the product with up
+    and the down projection's input are one kernel."""
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, x):
+        b = self.block
+        return b.ffn_down(b.ffn_gate.rows_of(x).silu() * b.ffn_up.rows_of(x))
+
+
+def _dense_feed_forward(block) -> bool:
+    """Whether the block's feed-forward is tinygrad.llm's dense one (the formula GatedFeedForward keeps)
+    with gate and up in the layout's generated kernel."""
+    from tinygrad.llm.model import FFNBlock
+    return (getattr(type(block), "_feed_forward", None) is FFNBlock._feed_forward
+            and not hasattr(block, "ffn_gate_exps") and hasattr(block, "ffn_down")
+            and all(isinstance(getattr(block, n, None), LayoutLinear) and getattr(block, n).form == "kernel"
+                    for n in ("ffn_gate", "ffn_up")))
+
+
 class Norm:
     """An RMS norm folded into products: its weight realized once as float32, its eps; called, it is the
     model's own norm (for tensor code that computes a product of the normed input)."""
@@ -71,36 +102,57 @@ class Norm:
 
 
 def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
-    """Fold every norm whose readers all run the layout's generated kernel into them."""
-    from tinygrad import nn
+    """Fold every norm whose readers all run the layout's generated kernel into them (`norm`); fuse each
+    dense feed-forward's activation and up product (`gated`)."""
     t0 = time.perf_counter()
     prepared = Prepared(FAMILY, asdict(fusion))
     if fusion.norm:
-        for t in census.tensors:
-            kind = norm_kind(t.name, t.block)
-            found = module_at(net, t.name.removesuffix(".weight")) if kind is not None else None
-            if found is None or not isinstance(found[2], nn.RMSNorm):
-                continue
-            prepared.eligible += 1
-            readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
-            layers = [module_at(net, "output" if r.tied else r.name.removesuffix(".weight")) for r in readers]
-            layers = [m[2] for m in layers if m is not None]
-            if not readers or len(layers) < len(readers) or not all(
-                    isinstance(m, LayoutLinear) and m.form == "kernel" for m in layers):
-                continue
-            norm = Norm(found[2])
-            for m in layers:
-                m.norm = norm
-            parent, attr, _ = found
-            setattr(parent, attr, Normed())
-            prepared.applied += 1
-            prepared.bytes += norm.weight.nbytes()
-            prepared.placed[id(norm.weight.uop.base.buffer.base)] = (t,)
-    if not prepared.applied:
-        raise BadInput(f"model {model_path}: --fusion folds into the layout's generated kernel; no norm here has "
-                       f"every reader run it (run with --layout SCALES:kernel[:stacked])")
-    if prepared.applied < prepared.eligible:
-        prepared.notes.append(f"{prepared.eligible - prepared.applied} of {prepared.eligible} norms kept: a reader "
-                              f"of each does not run the layout's generated kernel")
+        _fold_norms(net, census, model_path, prepared)
+    if fusion.gated:
+        blocks = getattr(net, "blk", [])
+        fused = [b for b in blocks if _dense_feed_forward(b)]
+        if not fused:
+            raise BadInput(f"model {model_path}: --fusion gated fuses a dense feed-forward whose gate and up run the "
+                           f"layout's generated kernel; no block here has one (run with --layout SCALES:kernel[:stacked])")
+        for b in fused:
+            b._feed_forward = GatedFeedForward(b)
+        prepared.eligible += len(blocks)
+        prepared.applied += len(fused)
+        if len(fused) < len(blocks):
+            prepared.notes.append(f"{len(blocks) - len(fused)} of {len(blocks)} feed-forwards kept: not dense, or "
+                                  f"their gate or up not in the layout's generated kernel")
     prepared.seconds = time.perf_counter() - t0
     return prepared
+
+
+def _fold_norms(net, census, model_path: str, prepared: Prepared) -> None:
+    from tinygrad import nn
+    folded = eligible = 0
+    for t in census.tensors:
+        kind = norm_kind(t.name, t.block)
+        found = module_at(net, t.name.removesuffix(".weight")) if kind is not None else None
+        if found is None or not isinstance(found[2], nn.RMSNorm):
+            continue
+        eligible += 1
+        readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
+        layers = [module_at(net, "output" if r.tied else r.name.removesuffix(".weight")) for r in readers]
+        layers = [m[2] for m in layers if m is not None]
+        if not readers or len(layers) < len(readers) or not all(
+                isinstance(m, LayoutLinear) and m.form == "kernel" for m in layers):
+            continue
+        norm = Norm(found[2])
+        for m in layers:
+            m.norm = norm
+        parent, attr, _ = found
+        setattr(parent, attr, Normed())
+        folded += 1
+        prepared.bytes += norm.weight.nbytes()
+        prepared.placed[id(norm.weight.uop.base.buffer.base)] = (t,)
+    if not folded:
+        raise BadInput(f"model {model_path}: --fusion norm folds into the layout's generated kernel; no norm here has "
+                       f"every reader run it (run with --layout SCALES:kernel[:stacked])")
+    if folded < eligible:
+        prepared.notes.append(f"{eligible - folded} of {eligible} norms kept: a reader "
+                              f"of each does not run the layout's generated kernel")
+    prepared.eligible += eligible
+    prepared.applied += folded

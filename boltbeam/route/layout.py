@@ -424,9 +424,15 @@ class LayoutLinear:
         self.norm = None            # the RMS norm folded into the product (route/fusion.py): its input comes un-normed
 
     def __call__(self, x):
+        return self.rows_of(x, copied=True)
+
+    def rows_of(self, x, copied: bool = False):
+        """The layer's rows of its planes' product; `copied` makes a stack's product contiguous before its
+        rows are taken, as the model's own calls do (uncopied there, on the CPU, the query's and key's
+        readers gained as many kernels as gate's and up's lost; route/fusion.py's `gated` reads them uncopied)."""
         y = self.planes.gemv(x, self.form, self.norm)
         if self.rows is not None:
-            y = y.contiguous()[..., self.rows]
+            y = (y.contiguous() if copied else y)[..., self.rows]
         return y if self.bias is None else y + self.bias
 
 
