@@ -208,6 +208,12 @@ def test_a_gated_feed_forward_is_the_blocks_own_in_fewer_kernels(tiny_model, tmp
         assert isinstance(b._feed_forward, fusion.GatedFeedForward)
         assert kernels(b._feed_forward) == n - 2 and np.abs(want).max() > 0
         assert np.abs(value(b._feed_forward) - want).max() <= 1e-6 * np.abs(want).max()
+    # A prefill of variable length (tensor code) takes the block's own feed-forward, the same graph.
+    from tinygrad import UOp
+    length = UOp.variable("T", 1, 4).bind(2)
+    xs = Tensor(np.repeat(x, 4, axis=1))[:, 0:length]
+    ff = net.blk[0]._feed_forward
+    assert ff(xs).uop is ff.original(xs).uop and ff(Tensor(x)).uop is not ff.original(Tensor(x)).uop
     # A block whose gate and up are not the layout's generated kernel keeps its own; none such: one line.
     bare, _ = Transformer.from_gguf(tiny_model, 8)
     with pytest.raises(BadInput, match="no block here has one"):

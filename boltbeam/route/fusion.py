@@ -71,11 +71,14 @@ class Normed:
 class GatedFeedForward:
     """A block's feed-forward as tinygrad.llm's dense block computes it, ffn_down(silu(gate(x)) * up(x)),
     with gate's and up's rows read from their product uncopied, so the activation, the product with up
-    and the down projection's input are one kernel."""
-    def __init__(self, block):
-        self.block = block
+    and the down projection's input are one kernel. A prefill of variable length, whose products are
+    tensor code, keeps the block's own (`original`)."""
+    def __init__(self, block, original):
+        self.block, self.original = block, original
 
     def __call__(self, x):
+        if not all(isinstance(d, int) for d in x.shape):
+            return self.original(x)
         b = self.block
         return b.ffn_down(b.ffn_gate.rows_of(x).silu() * b.ffn_up.rows_of(x))
 
@@ -115,7 +118,7 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
             raise BadInput(f"model {model_path}: --fusion gated fuses a dense feed-forward whose gate and up run the "
                            f"layout's generated kernel; no block here has one (run with --layout SCALES:kernel[:stacked])")
         for b in fused:
-            b._feed_forward = GatedFeedForward(b)
+            b._feed_forward = GatedFeedForward(b, b._feed_forward)
         prepared.eligible += len(blocks)
         prepared.applied += len(fused)
         if len(fused) < len(blocks):
