@@ -3,6 +3,7 @@ each format, checked against tinygrad's own decode (the default route's math) fo
 takes. Constants once: tensors that read nothing, found by that fact and computed once."""
 import dataclasses
 import json
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -259,8 +260,14 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     f = census.facts
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
     h200, cal = get_target("h200"), Calibration()
-    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}{ca}" for c in (16, 32, 64, 128, 256)
-                                                             for st in ("", ":staged") for ca in ("", ":carried")}
+    chunks = (16, 32, 64, 128, 256)
+    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged")
+                                                             for ca in ("", ":carried")} | {f"{c}:kernel" for c in chunks}
+    # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
+    host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
+    settings, rejected = choose.SPLIT.space(host)
+    assert not any(s.kernel for s in settings) and len(settings) == 20
+    assert rejected == {"the target declares no max_threads_per_group": 20}
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -276,6 +283,12 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     # output: two reductions fewer a block, one division more; the same cache read.
     carried = choose.split_prediction(census, attention.Split(32, True, True), 40, h200, cal)
     assert (carried.bytes, carried.kernels) == (staged.bytes, staged.kernels - f.blocks)
+    # Generated: two kernels a block (partials, combine), whose loads stop at the position (41 of the two
+    # chunks' 64), the partials a thread for each query head and position of the chunks so far.
+    kernel = choose.split_prediction(census, attention.Split(32, kernel=True), 40, h200, cal)
+    assert (kernel.bytes, kernel.kernels) == (f.blocks * 41 * row, 2 * f.blocks)
+    assert attention.scheduled(attention.Split(32, kernel=True), f.heads, f.kv_heads, f.head_dim, 64, 40) == (
+        attention.Scheduled(f.heads * 2 * 32, True), attention.Scheduled(f.heads * f.head_dim, False))
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
@@ -339,6 +352,35 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
         q = Tensor.randn(1, kv_heads * group, 1, head_dim).realize()
         got = split(q, pos.bind(p)).numpy()
         want = q.scaled_dot_product_attention(cache[0, :, :, 0:p + 1], cache[1, :, :, 0:p + 1], enable_gqa=True).numpy()
+        assert np.abs(got - want).max() < 1e-5, p
+
+
+@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk", [
+    (2, 2, 8, 24, 8),
+    (1, 4, 16, 20, 16),      # the cache's last chunk runs past its end
+])
+def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk):
+    """The two generated kernels (partials through local memory, then the combine), under the JIT with the
+    position a variable and the cache written in the same graph, as tinygrad.llm's decode step does: on
+    tinygrad's PYTHON device, which runs thread groups, local memory and barriers."""
+    from tinygrad import Tensor, TinyJit, UOp
+    from boltbeam.route.attention import decode_kernels
+    dev = "PYTHON"
+    cache = Tensor.randn(2, 1, kv_heads, positions, head_dim, device=dev).realize()
+    pos = UOp.variable("start_pos", 0, positions - 1)
+
+    @TinyJit
+    def step(q, x, p):
+        written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
+        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk).realize()
+
+    for p in (0, 1, chunk - 1, chunk, positions - 1):
+        q = Tensor.randn(1, kv_heads * group, 1, head_dim, device=dev).realize()
+        x = Tensor.randn(2, 1, kv_heads, 1, head_dim, device=dev).realize()
+        got = step(q, x, pos.bind(p)).numpy()
+        kv = cache.numpy()           # with this step's key and value written at p
+        want = q.to("CPU").scaled_dot_product_attention(Tensor(kv[0, :, :, :p + 1]), Tensor(kv[1, :, :, :p + 1]),
+                                                        enable_gqa=True).numpy()
         assert np.abs(got - want).max() < 1e-5, p
 
 
@@ -453,8 +495,8 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
                                                      "carried" in judged["setting"])))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
-                                                                       "applied": 2, "eligible": 2, "bytes": 0,
-                                                                       "build_seconds": 0.0}
+                                                                       "kernel": False, "applied": 2, "eligible": 2,
+                                                                       "bytes": 0, "build_seconds": 0.0}
 
 
 def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
@@ -471,11 +513,16 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "48"], "one of 16, 32, 64, 128, 256")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
+    # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
+    keys = "keys chunk, staged, carried and kernel"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
-        ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, "keys chunk, staged and carried"),
-        ({"chunk": 32, "staged": True, "carried": False, "fused": True}, "keys chunk, staged and carried"),
-        ("32", "a table (chunk, staged, carried)"), ({"chunk": 32, "staged": "yes"}, "staged and carried true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged and carried true or false")))
+        ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
+        ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
+        ("32", "a table (chunk, staged, carried, kernel)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):

@@ -193,6 +193,8 @@ def test_opts_name_the_axis_tinygrad_numbers():
     ('[f]\nparameters = { local = [1, 2] }\nrules = [{ product = ["local"], op = "<=" }]', "a rule needs op"),
     ('[f]\nparameters = { local = [1, 2] }\nrules = [{ product = ["local"], op = "<=", fact = "x", needs = ["lcoal"] }]',
      "lcoal, which is not a parameter"),
+    ('[f]\nparameters = { local = [1, 2] }\nrules = [{ product = ["local"], op = "<=", fact = "x", when = "kernal" }]',
+     "kernal, which is not a parameter"),
     ('[f]\nparameters = { local = [1, 2] }\nconstants = { b = 0 }', "constants must be positive integers"),
     ('[f]\ndescription = "no parameters"', "needs a parameters table"),
 ])

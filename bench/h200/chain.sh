@@ -9,7 +9,8 @@
 # The chain, each stage bench/h200/brackets.sh's: every legal gemv geometry timed alone (geometry); the
 # route the search found (START_ROUTE, cold BEAM=2); then the families in FAMILIES, each searched on the
 # route the last search chose (the start route where none was promoted), judged against that route's
-# own trace, so no baseline is profiled twice (gemv: GEMV_FLAGS, each product timed alone first). Its log:
+# own trace, so no baseline is profiled twice (gemv: GEMV_FLAGS, each product timed alone first; any other
+# family F: BUDGET_F settings, FutureSight's best, default 1). Its log:
 # $RUN/chain.log; done: $RUN/chain.done.
 # MODEL, DEVICE, TARGET and RUN go to brackets.sh (a CPU rehearsal sets them to a tiny model).
 set -u
@@ -28,7 +29,8 @@ case $1 in
     [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
     LIMIT=${ROUTE_LIMIT:-900} bash $B route searched --route "$on"    # a cold BEAM took 376-502 s
     for fam in ${FAMILIES:-fusion constants_once gemv}; do
-      flags=(--budget 1); [ "$fam" = gemv ] && read -ra flags <<< "${GEMV_FLAGS:---budget 2 --alone 40 --seconds-per-kernel 20}"
+      budget=BUDGET_$fam; flags=(--budget "${!budget:-1}")    # e.g. BUDGET_split_attention=2
+      [ "$fam" = gemv ] && read -ra flags <<< "${GEMV_FLAGS:---budget 2 --alone 40 --seconds-per-kernel 20}"
       LIMIT=${SEARCH_LIMIT:-600} bash $B search "$fam" --family "$fam" --on "$on" --baseline "$base" "${flags[@]}"
       if [ -e "$RUN/$fam/route.json" ]; then    # promoted: the next family goes on this route, its trace the baseline
         on=$RUN/$fam/route.json

@@ -60,10 +60,11 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]", help="decode attention split over the "
-                   "sequence in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` writes "
-                   "each chunk's partial results to buffers of their own before the combine; `:carried` sums the "
-                   "exponentials as a column of ones beside the values (two reductions fewer a layer)")
+    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel", help="decode attention split "
+                   "over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` "
+                   "writes each chunk's partial results to buffers of their own before the combine; `:carried` sums the "
+                   "exponentials as a column of ones beside the values (two reductions fewer a layer); `:kernel` writes "
+                   "the split as two kernels generated at tinygrad's UOp level (needs thread groups with local memory)")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
                    "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
@@ -138,9 +139,9 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
         return Split.parse(flag)
     if from_route is None:
         return None
-    # (carried came after the first routes were written: a route without it runs it off)
-    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried"}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged and carried")
+    # (carried and kernel came after the first routes were written: a route without them runs them off)
+    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried", "kernel"}:
+        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged, carried and kernel")
     return Split(**from_route)
 
 

@@ -180,7 +180,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
     from boltbeam.route import alone as alone_timing
-    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, legal_space, with_setting
+    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
     family = FAMILIES[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
@@ -201,8 +201,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     if args.on:
         on = args.on, routes.load(args.on)
         routes.check_applies(on[1], sha, routes.engine(), args.on)
-    legal, _ = legal_space(family, target)    # a target on which nothing is legal: one line, before the ledger opens
-    check_on(family, *(on or ("none", None)), legal)
+    check_on(family, *(on or ("none", None)), target)    # one line, before the ledger opens
     beam = args.beam or (on[1].beam if on else 0)     # as profile runs a route: its BEAM width unless --beam
     baseline = None
     if args.baseline:

@@ -19,6 +19,15 @@ output axis, and the combine reduces over the chunks alone: two kernels more a l
 column of ones beside the values), and the combine's denominator as one more column of its output:
 two reductions fewer a layer (each chunk's sum, the combine's denominator), one division more.
 
+`kernel`, the fourth, writes the same split as two kernels generated at tinygrad's UOp level
+(decode_kernels) in place of the tensor code: one thread group for each key head and chunk of the
+whole cache (a fixed grid: chunks past the position read nothing and write a maximum of -inf), a
+thread for each query head the key head serves and position of the chunk; each thread's score goes
+to local memory, each query head's maximum is read back from it, the exponentials go to local memory
+in turn, and the group writes each query head's maximum and weighted values with their sum beside
+them; a second kernel combines the chunks. The position comes in as the decode graph's own variable
+and the cache with the store that wrote this token's key and value, so the kernels read it after.
+
 It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
 query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
 not by the block's class or the model.
@@ -45,15 +54,19 @@ class Split:
     chunk: int
     staged: bool = False
     carried: bool = False
+    kernel: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
         space = families()[SPACE].parameters
         if not (isinstance(self.chunk, int) and self.chunk in space["chunk"]
                 and all(isinstance(getattr(self, k), bool) and int(getattr(self, k)) in space[k] for k in KNOBS)):
-            raise BadInput(f"split attention {self.chunk!r}, staged {self.staged!r}, carried {self.carried!r}: positions "
-                           f"per chunk must be one of {', '.join(map(str, space['chunk']))}, staged and carried true or "
-                           f"false (spaces.toml, family {SPACE})")
+            raise BadInput(f"split attention {self.chunk!r}, {', '.join(f'{k} {getattr(self, k)!r}' for k in KNOBS)}: "
+                           f"positions per chunk must be one of {', '.join(map(str, space['chunk']))}, "
+                           f"{', '.join(KNOBS)} true or false (spaces.toml, family {SPACE})")
+        if self.kernel and (self.staged or self.carried):
+            raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code; the generated "
+                           f"kernel takes neither")
 
     @property
     def flag(self) -> str:
@@ -61,14 +74,20 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried] (profile --split-attention)."""
+        """CHUNK[:staged][:carried] or CHUNK:kernel (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried], e.g. 32 or 32:staged:carried")
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel, e.g. 32, "
+                           f"32:staged:carried or 32:kernel")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
+    @staticmethod
+    def admits(values: dict[str, int]) -> bool:
+        """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob."""
+        return not (values.get("kernel") and (values.get("staged") or values.get("carried")))
 
-KNOBS = ("staged", "carried")      # the family's switches, in the flag's order
+
+KNOBS = ("staged", "carried", "kernel")      # the family's switches, in the flag's order
 
 
 def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
@@ -107,6 +126,88 @@ def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: b
     return out.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
+def _cache_of(k):
+    """The whole cache tensor a decode step's key view was cut from, with the store of this token's key
+    and value it comes after: below the view's movements (shrink, reshape), the first AFTER, with the
+    cache's five axes (halves, batch, key heads, positions, head size)."""
+    from tinygrad import Tensor
+    from tinygrad.uop.ops import GroupOp, Ops
+    u = k.uop
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    if u.op is not Ops.AFTER or len(u.shape) != 5:
+        raise BadInput(f"the generated attention kernel reads the cache its keys were cut from; below the key's "
+                       f"view lies {u.op} of shape {u.shape}, not the cache after this token's store")
+    return Tensor(u)
+
+
+def decode_kernels(q, k, chunk: int):
+    """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
+    UOp level: partials (a group for each key head and chunk, a thread for each of its query heads and
+    positions; scores and exponentials through local memory; each query head's maximum and weighted
+    values, their sum beside them, written out) and a combine over the chunks (a group a query head, a
+    thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd), L = position + 1."""
+    import math
+    from tinygrad import Tensor, UOp, dtypes
+    from tinygrad.dtype import AddrSpace
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    B, H, _, Hd = q.shape
+    KvH = k.shape[1]
+    G = H // KvH
+    cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
+    P = cache.shape[3]
+    C, T, W = -(-P // chunk), G * chunk, Hd + 1       # chunks, threads a group, an output row with its sum
+    L = k.shape[2].unbind_all()[0]                    # position + 1, the graph's variable unbound
+    n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
+    scale = 1.0 / math.sqrt(Hd)
+    reduce = lambda n, axis: UOp.range(n, axis, AxisType.REDUCE)
+
+    def partials(O, M, Q, KV):
+        O, M, Q, KV = O.flatten(), M.flatten(), Q.flatten(), KV.flatten()
+        g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(T, "lidx0")
+        i, j = t // chunk, t % chunk                  # the thread's query head (of the key head's) and position
+        live = lambda j: (c * chunk + j < L) & (c * chunk + j < P)
+        at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
+        e = reduce(Hd, 0)
+        dot = (Q[(g * G + i) * Hd + e].cast(dtypes.float) *
+               KV[at(0, j, e).valid(live(j))].cast(dtypes.float)).reduce(e, arg=Ops.ADD)
+        s = live(j).where(dot * scale, float("-inf"))
+        S = UOp.placeholder((T,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(s)
+        S = S.after(S.barrier())
+        jm = reduce(chunk, 1)
+        m = S[i * chunk + jm].reduce(jm, arg=Ops.MAX)   # the query head's maximum over the chunk
+        E = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(live(j).where((s - m).exp(), 0.0))
+        E = E.after(E.barrier())
+        r = UOp.range(-(-G * W // T), 2)                 # the group's G x W outputs, T at a time
+        u = t + r * T
+        inside = u < G * W
+        gi, d = u // W, u % W                            # query head, dimension (the last: the sum)
+        jv = reduce(chunk, 3)
+        value = (d < Hd).where(KV[at(1, jv, d).valid(live(jv) & (d < Hd) & inside)].cast(dtypes.float), 1.0)
+        o = (E[(gi * chunk + jv).valid(inside)] * value).reduce(jv, arg=Ops.ADD)
+        store_o = O[(((g * G + gi) * C + c) * W + d).valid(inside)].store(o).end(r)
+        store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
+        return UOp.sink(store_o, store_m, arg=KernelInfo(name=f"attention_partials_{G}x{chunk}", opts_to_apply=()))
+
+    def combine(Y, O, M):
+        Y, O, M = Y.flatten(), O.flatten(), M.flatten()
+        h, d = UOp.special(H, "gidx0"), UOp.special(Hd, "lidx0")
+        c0 = reduce(n, 0)
+        top = M[h * C + c0].reduce(c0, arg=Ops.MAX)
+
+        def weighted(col, axis):            # column col of every chunk so far, at its share of one softmax
+            c = reduce(n, axis)
+            return (O[(h * C + c) * W + col] * (M[h * C + c] - top).exp()).reduce(c, arg=Ops.ADD)
+        return Y[h * Hd + d].store(weighted(d, 1) / weighted(Hd, 2)).sink(
+            arg=KernelInfo(name=f"attention_combine_{C}", opts_to_apply=()))
+
+    O = Tensor.empty(H, C, W, dtype=dtypes.float32, device=q.device)
+    M = Tensor.empty(H, C, dtype=dtypes.float32, device=q.device)
+    O, M = Tensor.custom_kernel(O, M, q.reshape(H, Hd), cache, fxn=partials)[:2]
+    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=dtypes.float32, device=q.device), O, M, fxn=combine)[0]
+    return Y.reshape(B, H, 1, Hd).cast(q.dtype)
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """One kernel the compiler schedules for a block's decode attention: its output elements, and
@@ -118,10 +219,15 @@ class Scheduled:
 @functools.cache
 def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions: int, depth: int) -> tuple[Scheduled, ...]:
     """The kernels tinygrad's scheduler makes of one block's decode attention in this setting, at these
-    head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run."""
+    head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run. The
+    generated kernels are known by construction: the partials, a thread for each query head and position
+    of the chunks holding one so far (the rest exit), and the combine, a thread an output."""
     from tinygrad import Context, Device, Tensor, UOp
     from boltbeam.search.compiler import outputs_at
     total = -(-positions // split.chunk) * split.chunk
+    if split.kernel:
+        live = -(-(min(depth, total - 1) + 1) // split.chunk)
+        return Scheduled(heads * live * split.chunk, True), Scheduled(heads * head_dim, False)
     with Context(DEV="CPU"):    # on another default device, the bound position would be a kernel and a copy
         cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
         p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
@@ -142,8 +248,11 @@ def _split_decode_attention(split: Split, total: int, taken):
     original = Tensor.scaled_dot_product_attention
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
-        if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0:
+        if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 \
+                and (q.shape[0] == 1 or not split.kernel):
             taken()
+            if split.kernel:
+                return decode_kernels(q, k, split.chunk)
             return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 
@@ -154,11 +263,28 @@ def _split_decode_attention(split: Split, total: int, taken):
         Tensor.scaled_dot_product_attention = original
 
 
+def _check_threads(census, model_path: str, setting: Split) -> None:
+    """The generated kernel needs thread groups with local memory, and a group for a chunk's positions
+    times the query heads a key head serves: one line where the device or the model rules it out."""
+    from tinygrad import Device
+    renderer = Device[Device.DEFAULT].renderer
+    group = census.facts.heads // max(1, census.facts.kv_heads)
+    if not renderer.has_local:
+        raise BadInput(f"--split-attention {setting.flag}: the generated kernel runs thread groups with local memory; "
+                       f"device {Device.DEFAULT} has none")
+    if renderer.local_max and group * setting.chunk > renderer.local_max[0]:
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {group * setting.chunk} threads a "
+                       f"group ({group} query heads a key head x {setting.chunk} positions); device {Device.DEFAULT} "
+                       f"allows {renderer.local_max[0]}")
+
+
 def install(net, census, model_path: str, setting: Split) -> Prepared:
     """Wrap every block's attention so its decode steps split over the sequence as `setting` says."""
     t0 = time.perf_counter()
     prepared = Prepared(FAMILY, asdict(setting))
     total = -(-net.max_context // setting.chunk) * setting.chunk     # the cache's positions, whole chunks
+    if setting.kernel:
+        _check_threads(census, model_path, setting)
     split_blocks: set[int] = set()
     for i, block in enumerate(getattr(net, "blk", [])):
         attention = getattr(block, "_attention", None)

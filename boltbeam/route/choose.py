@@ -65,13 +65,14 @@ class WholeToken:
     flags: Callable[[Any], list[str]]           # the profile flags that build a setting
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
     refuses: Callable[[Route | None], str | None] = lambda on: None   # why a route cannot take the family
-    changes: Callable[[dict[str, int]], bool] = lambda values: True  # False: the setting is the route itself
+    admits: Callable[[dict[str, int]], bool] = lambda values: True   # whether spaces.toml's values make a setting
 
     def space(self, target: Target) -> tuple[list, Counter]:
         """BubbleBeam: every setting whose rules hold in the target's facts, and the rest counted by the
-        rule each breaks; a setting that changes nothing (every knob off) is the baseline, not a candidate."""
+        rule each breaks; values that make no setting (a fusion with every knob off is the route itself; the
+        generated attention kernel takes no tensor-code knob) are not candidates."""
         legal, rejected = on_target(families()[self.name], target)
-        return [self.setting(s) for s in legal if self.changes(s)], rejected
+        return [self.setting(s) for s in legal if self.admits(s)], rejected
 
 
 @dataclass(frozen=True)
@@ -178,14 +179,18 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
     a combine that reduces over every position in few outputs keeps few bytes in flight)."""
     f = census.facts
-    positions = -(-(context + 1) // split.chunk) * split.chunk
+    # Tensor code reads whole chunks; the generated kernel's loads stop at the position.
+    positions = context + 1 if split.kernel else -(-(context + 1) // split.chunk) * split.chunk
     nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES
     cache = kv_positions(census, context + 1)
     kernels = attention.scheduled(split, f.heads, f.kv_heads, f.head_dim, cache, context)
     readers = [k for k in kernels if k.reads_cache]
     per_reader = nbytes // f.blocks // max(1, len(readers))
-    # A thread an output, in groups of the chip's thread-group width, as the compiler's heuristics place them.
-    grouped = {"local": int(target.fact("thread_group_width") or 1)}
+    # A thread an output, in groups of the chip's thread-group width, as the compiler's heuristics place them;
+    # the generated kernel's groups are a chunk's positions times the query heads a key head serves (fewer
+    # groups than multiprocessors leave some idle: FutureSight's share term).
+    width = split.chunk * (f.heads // max(1, f.kv_heads)) if split.kernel else target.fact("thread_group_width")
+    grouped = {"local": int(width or 1)}
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
@@ -310,8 +315,8 @@ def measured_fraction(path: str, target: Target) -> tuple[str, float]:
 LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", layout_setting, layout_prediction,
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
-                   lambda v: attention.Split(v["chunk"], bool(v["staged"]), bool(v["carried"])), split_prediction,
-                   lambda s: ["--split-attention", s.flag], asdict)
+                   lambda v: attention.Split(v["chunk"], **{k: bool(v[k]) for k in attention.KNOBS}), split_prediction,
+                   lambda s: ["--split-attention", s.flag], asdict, admits=attention.Split.admits)
 GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
                   lambda s: ["--gemv", s.flag], lambda s: s.stored(), kernel_layout_needed(gemv.SPACE))
 FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
@@ -364,12 +369,13 @@ def legal_space(family: WholeToken, target: Target) -> tuple[list, Counter]:
     return legal, rejected
 
 
-def check_on(family: WholeToken, path: str, on: Route | None, legal: list) -> None:
-    """A route the family's `legal` settings can go on (None: tinygrad's own): one the family can build on.
-    A route that sets the family already is searched again, where the family has another setting: each
-    candidate replaces its setting, and the route as it is is the baseline."""
+def check_on(family: WholeToken, path: str, on: Route | None, target: Target) -> None:
+    """A route the family's settings can go on (None: tinygrad's own): one the family can build on, on a
+    target where a setting is legal. A route that sets the family already is searched again, where the
+    family has another setting: each candidate replaces its setting, and the route as it is is the baseline."""
     if why := family.refuses(on):
         raise BadInput(why)
+    legal, _ = legal_space(family, target)
     current = getattr(on, family.route_key) if on else None
     if current and all(_same_setting(family.stored(s), current) for s in legal):
         raise BadInput(f"route {path} already sets {family.route_key} to the family's only setting here: nothing "

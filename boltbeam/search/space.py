@@ -35,6 +35,7 @@ class Rule:
     fact: str
     why: str
     needs: tuple[str, ...]      # the parameters that need the fact: held at 1 on a target without it (none: every setting)
+    when: str | None = None     # a switch (0 or 1) the rule holds under: settings with it off need nothing
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,11 @@ def _family(name: str, body: Any) -> Family:
         names = r.get("product", [])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise BadInput(f"{where}: a rule's product must be a list of names")
-        unknown = [n for n in r.get("needs", []) if n not in params]
+        unknown = [n for n in [*r.get("needs", []), *([r["when"]] if "when" in r else [])] if n not in params]
         if unknown:
-            raise BadInput(f"{where}: a rule needs {', '.join(unknown)}, which is not a parameter")
-        rules.append(Rule(tuple(names), r["op"], r["fact"], str(r.get("why", "")), tuple(r.get("needs", names))))
+            raise BadInput(f"{where}: a rule needs {', '.join(map(str, unknown))}, which is not a parameter")
+        rules.append(Rule(tuple(names), r["op"], r["fact"], str(r.get("why", "")), tuple(r.get("needs", names)),
+                          r.get("when")))
     return Family(name, str(body.get("description", "")), str(body.get("expressed_by", "")), params,
                   tuple(rules), dict(constants))
 
@@ -149,7 +151,7 @@ def check_knobs(setting, name: str) -> None:
 
 
 def _rule_breaks(rule: Rule, setting: dict[str, int], fam: Family, target: Target) -> str | None:
-    if rule.needs and all(setting.get(p, 1) == 1 for p in rule.needs):
+    if rule.when is not None and not setting.get(rule.when) or rule.needs and all(setting.get(p, 1) == 1 for p in rule.needs):
         return None
     named = {n: setting[n] if n in setting else fam.constants.get(n, target.fact(n)) for n in rule.product}
     missing = [n for n, v in {**named, rule.fact: target.fact(rule.fact)}.items() if v is None]
