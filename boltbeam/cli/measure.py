@@ -70,10 +70,11 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
                    "in one step (default 1); 1 to unpack values under a float's exponent (default 0); its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
                    "ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the compiler's opts)")
-    p.add_argument("--fusion", metavar="norm|gated|norm+gated", help="fold into the layout's generated kernel (needs "
-                   "--layout ...:kernel): `norm` folds each RMS norm whose every reader runs that kernel into those "
-                   "products; `gated` makes a dense feed-forward's activation times up one kernel, reading gate and up "
-                   "from that kernel's output uncopied (spaces.toml, family fusion)")
+    p.add_argument("--fusion", metavar="KNOB[+KNOB...]", help="fold into the layout's generated kernel (needs "
+                   "--layout ...:kernel), knobs joined by '+': `norm` folds each RMS norm whose every reader runs that "
+                   "kernel into those products; `gated` makes a dense feed-forward's activation times up one kernel, "
+                   "reading gate and up from that kernel's output uncopied; `rms` runs each RMS norm left as one "
+                   "generated kernel (needs thread groups with local memory) (spaces.toml, family fusion)")
 
 
 def _route_of(args: argparse.Namespace, model: str):

@@ -20,9 +20,9 @@ column of ones beside the values), and the combine's denominator as one more col
 two reductions fewer a layer (each chunk's sum, the combine's denominator), one division more.
 
 `kernel`, the fourth, writes the same split as two kernels generated at tinygrad's UOp level
-(decode_kernels) in place of the tensor code: one thread group for each key head and chunk of the
-whole cache (a fixed grid: chunks past the position read nothing and write a maximum of -inf), a
-thread for each query head the key head serves and position of the chunk; each thread's score goes
+(decode_kernels) in place of the tensor code: one thread group for each key head and chunk holding a
+position so far (the grid follows the position, as the tensor code's chunk axis does), a thread for
+each query head the key head serves and position of the chunk; each thread's score goes
 to local memory, each query head's maximum is read back from it, the exponentials go to local memory
 in turn, and the group writes each query head's maximum and weighted values with their sum beside
 them; a second kernel combines the chunks. The position comes in as the decode graph's own variable
@@ -129,7 +129,7 @@ def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: b
 def _cache_of(k):
     """The whole cache tensor a decode step's key view was cut from, with the store of this token's key
     and value it comes after: below the view's movements (shrink, reshape), the first AFTER, with the
-    cache's five axes (halves, batch, key heads, positions, head size)."""
+    cache's five axes (keys and values, batch, key heads, positions, head size)."""
     from tinygrad import Tensor
     from tinygrad.uop.ops import GroupOp, Ops
     u = k.uop
@@ -143,8 +143,8 @@ def _cache_of(k):
 
 def decode_kernels(q, k, chunk: int):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
-    UOp level: partials (a group for each key head and chunk, a thread for each of its query heads and
-    positions; scores and exponentials through local memory; each query head's maximum and weighted
+    UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
+    of its query heads and positions; scores and exponentials through local memory; each query head's maximum and weighted
     values, their sum beside them, written out) and a combine over the chunks (a group a query head, a
     thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd), L = position + 1."""
     import math
@@ -166,7 +166,7 @@ def decode_kernels(q, k, chunk: int):
         O, M, Q, KV = O.flatten(), M.flatten(), Q.flatten(), KV.flatten()
         g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(T, "lidx0")
         i, j = t // chunk, t % chunk                  # the thread's query head (of the key head's) and position
-        live = lambda j: (c * chunk + j < L) & (c * chunk + j < P)
+        live = lambda j: c * chunk + j < L
         at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
         e = reduce(Hd, 0)
         dot = (Q[(g * G + i) * Hd + e].cast(dtypes.float) *

@@ -272,20 +272,27 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
                       on: Route | None = None) -> Foreseen:
     """The norms folded into the route's layout products: each product that folds one reads the norm's
     weight (float32) beside its planes, and the norms launch no kernel of their own (a norm with a reader
-    the layout does not take stays, and costs what it cost without the family). A fused feed-forward
-    reads and launches nothing of its own (what it removes, a copy and a kernel a block, the baseline
-    holds: the prediction orders the family's settings, it does not price the route)."""
+    the layout does not take stays, and costs what it cost without the family). Its kernels are those it
+    removes, counted negative: a fused feed-forward two a block whose gate and up the layout takes (the
+    stack's copy, the activation alone), a generated norm one each (tinygrad's two become one); the folded
+    norms' are not counted (the input's copy replaces them)."""
     if why := kernel_layout_needed(fusion.SPACE)(on):
         raise BadInput(why)
     stack = Setting(**on.layout).stack == "stacked"
-    nbytes = 0
-    for t in census.tensors if folded.norm else ():
+    nbytes = removed = 0
+    for t in census.tensors:
         if (kind := norm_kind(t.name, t.block)) is None:
             continue
         readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
-        if readers and all(_taken(r) for r in readers):
+        if folded.norm and readers and all(_taken(r) for r in readers):
             nbytes += len(stacks(readers) if stack else readers) * t.elements * 4
-    return Foreseen(nbytes, 0, nbytes / target.bandwidth * 1e6, ("bandwidth",))
+        elif folded.rms:
+            removed += 1
+    if folded.gated:
+        gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and _taken(t)}
+        removed += 2 * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
+    return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
+                    ("bandwidth",) + (("kernels removed",) if removed else ()))
 
 
 def constants_prediction(census, once: constants.Once, context: int, target: Target, cal: Calibration,

@@ -11,6 +11,11 @@ that runs anything else (an expert table, a layer the layout kept in GGUF blocks
 as it is, and the family counts it. Wherever a product is computed by tensor code (a prefill of
 variable length), the norm runs first, as before.
 
+With `rms` on, each RMS norm over the hidden state that is not folded (by NORM_READERS' kinds) runs
+as one kernel generated at tinygrad's UOp level (norm_kernel) in place of tinygrad's two (the mean of
+squares in one thread group of few threads, then the normed vector): one group of threads sums the
+squares through local memory in two stages and writes the normed vector itself.
+
 With `gated` on, a block's feed-forward, ffn_down(silu(gate(x)) * up(x)) as tinygrad.llm writes it,
 takes the gate's and up's rows straight from the layout kernel's output (one product for a stack): the
 activation and the up product are one kernel, where tinygrad.llm makes the activation contiguous first
@@ -18,6 +23,7 @@ activation and the up product are one kernel, where tinygrad.llm makes the activ
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, fields
 
@@ -35,6 +41,7 @@ SPACE = "fusion"                   # its knobs and their values: data/spaces.tom
 class Fusion:
     norm: int = 0      # RMS norms folded into their readers' products
     gated: int = 0     # a feed-forward's activation and up product in one kernel
+    rms: int = 0       # each RMS norm left as one generated kernel
 
     def __post_init__(self):
         from boltbeam.search.space import check_knobs
@@ -93,6 +100,61 @@ def _dense_feed_forward(block) -> bool:
                     for n in ("ffn_gate", "ffn_up")))
 
 
+GROUP_THREADS = (256, 64, 16, 4)     # a generated norm's group: the first that leaves each thread 2 or more
+
+
+def group_threads(dim: int) -> int | None:
+    """The generated norm's threads for a hidden size: a square dividing it at least twice (None: no such)."""
+    return next((t for t in GROUP_THREADS if dim % t == 0 and dim // t >= 2), None)
+
+
+def norm_kernel(x, weight, eps: float):
+    """x (..., dim) with one row -> float32 x / sqrt(mean(x^2) + eps) * weight, as one kernel of one
+    thread group: T threads (group_threads) each sum dim/T squares, the partials are summed through
+    local memory in two stages of sqrt(T), and each thread writes its dim/T outputs."""
+    from tinygrad import Tensor, UOp, dtypes
+    from tinygrad.dtype import AddrSpace
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    dim = x.shape[-1]
+    T = group_threads(dim)
+    per, fan = dim // T, math.isqrt(T)
+    reduce = lambda n, axis: UOp.range(n, axis, AxisType.REDUCE)
+
+    def kernel(Y, X, Wt):
+        Y, X, Wt = Y.flatten(), X.flatten(), Wt.flatten()
+        t = UOp.special(T, "lidx0")
+        value = lambda i: X[i].cast(dtypes.float)
+        k = reduce(per, 0)
+        A = UOp.placeholder((T,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(
+            (value(t + k * T) * value(t + k * T)).reduce(k, arg=Ops.ADD))
+        A = A.after(A.barrier())
+        k2 = reduce(fan, 1)            # every thread sums a row of fan partials (threads 0..fan-1 the rows)
+        R = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(
+            A[(t % fan) * fan + k2].reduce(k2, arg=Ops.ADD))
+        R = R.after(R.barrier())
+        k3 = reduce(fan, 2)
+        scale = (R[k3].reduce(k3, arg=Ops.ADD) * (1.0 / dim) + eps).sqrt().reciprocal()
+        r = UOp.range(per, 3)
+        i = t + r * T
+        return Y[i].store(value(i) * scale * Wt[i].cast(dtypes.float)).end(r).sink(
+            arg=KernelInfo(name=f"rms_norm_{dim}", opts_to_apply=()))
+
+    y = Tensor.empty(dim, dtype=dtypes.float32, device=x.device)
+    return Tensor.custom_kernel(y, x.reshape(dim), weight, fxn=kernel)[0].reshape(x.shape)
+
+
+class GeneratedNorm:
+    """An RMS norm as norm_kernel, where its input is one row of a fixed size (a decode step); elsewhere
+    (a prefill of variable length) the model's own module."""
+    def __init__(self, module):
+        self.module, self.eps = module, float(module.eps)
+
+    def __call__(self, x):
+        if all(isinstance(d, int) for d in x.shape) and math.prod(x.shape[:-1]) == 1 and group_threads(x.shape[-1]):
+            return norm_kernel(x, self.module.weight, self.eps)
+        return self.module(x)
+
+
 class Norm:
     """An RMS norm folded into products: its weight realized once as float32, its eps; called, it is the
     model's own norm (for tensor code that computes a product of the normed input)."""
@@ -111,6 +173,8 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
     prepared = Prepared(FAMILY, asdict(fusion))
     if fusion.norm:
         _fold_norms(net, census, model_path, prepared)
+    if fusion.rms:
+        _generate_norms(net, census, model_path, prepared)
     if fusion.gated:
         blocks = getattr(net, "blk", [])
         fused = [b for b in blocks if _dense_feed_forward(b)]
@@ -126,6 +190,22 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
                                   f"their gate or up not in the layout's generated kernel")
     prepared.seconds = time.perf_counter() - t0
     return prepared
+
+
+def _generate_norms(net, census, model_path: str, prepared: Prepared) -> None:
+    """Every RMS norm of NORM_READERS' kinds still in the model (not folded) as a GeneratedNorm."""
+    from tinygrad import Device, nn
+    if not Device[Device.DEFAULT].renderer.has_local:
+        raise BadInput(f"--fusion rms: the generated norm runs a thread group with local memory; device "
+                       f"{Device.DEFAULT} has none")
+    found = [module_at(net, t.name.removesuffix(".weight")) for t in census.tensors if norm_kind(t.name, t.block)]
+    norms = [f for f in found if f is not None and isinstance(f[2], nn.RMSNorm)]
+    if not norms:
+        raise BadInput(f"model {model_path}: --fusion rms generates the hidden state's RMS norms; none is left here")
+    for parent, attr, module in norms:
+        setattr(parent, attr, GeneratedNorm(module))
+    prepared.eligible += len(norms)
+    prepared.applied += len(norms)
 
 
 def _fold_norms(net, census, model_path: str, prepared: Prepared) -> None:
