@@ -312,6 +312,17 @@ def hcq_timeline(calls: list[Call], where: str) -> Timed:
     return timed
 
 
+def thread_group_limit(needs: str) -> int:
+    """The most threads a group may hold on the default device, for a generated kernel that runs thread
+    groups with local memory (`needs` names it); one line where the device has none."""
+    from tinygrad import Device
+    renderer = Device[Device.DEFAULT].renderer
+    if not renderer.has_local:
+        raise BadInput(f"{needs}: the generated kernel runs thread groups with local memory; device "
+                       f"{Device.DEFAULT} has none")
+    return renderer.local_max[0] if renderer.local_max else 2 ** 31 - 1
+
+
 @dataclass
 class Prepared:
     """What one generated route family did to the loaded model before its tokens were measured."""

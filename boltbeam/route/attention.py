@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
 
 FAMILY = SPLIT_ATTENTION_LABEL
 SPACE = "split_attention"           # its knob's values: data/spaces.toml
@@ -267,15 +267,12 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
     """The generated kernel needs thread groups with local memory, and a group for a chunk's positions
     times the query heads a key head serves: one line where the device or the model rules it out."""
     from tinygrad import Device
-    renderer = Device[Device.DEFAULT].renderer
+    most = thread_group_limit(f"--split-attention {setting.flag}")
     group = census.facts.heads // max(1, census.facts.kv_heads)
-    if not renderer.has_local:
-        raise BadInput(f"--split-attention {setting.flag}: the generated kernel runs thread groups with local memory; "
-                       f"device {Device.DEFAULT} has none")
-    if renderer.local_max and group * setting.chunk > renderer.local_max[0]:
+    if group * setting.chunk > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {group * setting.chunk} threads a "
                        f"group ({group} query heads a key head x {setting.chunk} positions); device {Device.DEFAULT} "
-                       f"allows {renderer.local_max[0]}")
+                       f"allows {most}")
 
 
 def install(net, census, model_path: str, setting: Split) -> Prepared:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import FUSION_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
 from boltbeam.read.roles import NORM_READERS, norm_kind
 from boltbeam.route.layout import LayoutLinear, module_at
 
@@ -194,10 +194,10 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
 
 def _generate_norms(net, census, model_path: str, prepared: Prepared) -> None:
     """Every RMS norm of NORM_READERS' kinds still in the model (not folded) as a GeneratedNorm."""
-    from tinygrad import Device, nn
-    if not Device[Device.DEFAULT].renderer.has_local:
-        raise BadInput(f"--fusion rms: the generated norm runs a thread group with local memory; device "
-                       f"{Device.DEFAULT} has none")
+    from tinygrad import nn
+    most, threads = thread_group_limit("--fusion rms"), group_threads(census.facts.embedding) or 0
+    if threads > most:
+        raise BadInput(f"model {model_path}: --fusion rms needs {threads} threads a group; the device allows {most}")
     found = [module_at(net, t.name.removesuffix(".weight")) for t in census.tensors if norm_kind(t.name, t.block)]
     norms = [f for f in found if f is not None and isinstance(f[2], nn.RMSNorm)]
     if not norms:
