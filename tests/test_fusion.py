@@ -164,13 +164,16 @@ def test_futuresight_on_folded_norms(tiny_model):
     # A fused feed-forward reads nothing of its own: with the norms, their bytes; alone, first in the order.
     gated = [choose.fusion_prediction(census, s, 0, h200, Calibration(), on) for s in
              (fusion.Fusion(gated=1), fusion.Fusion(norm=1, gated=1))]
-    assert (gated[0].bytes, gated[0].kernels, gated[1].bytes) == (0, -2 * f.blocks, separate.bytes)
+    assert (gated[0].bytes, gated[0].kernels, gated[1].bytes) == (0, -f.blocks, separate.bytes)
     assert gated[1].kernels == gated[0].kernels and "kernels removed" in gated[0].terms
+    stacked_on = dataclasses.replace(on, layout={**on.layout, "stack": "stacked"})     # the stack's copy goes too
+    assert choose.fusion_prediction(census, fusion.Fusion(gated=1), 0, h200, Calibration(), stacked_on).kernels == \
+        -2 * f.blocks
     # A generated norm removes one kernel for each norm not folded: every one of them, or none left.
     norms = 2 * f.blocks + 1
     rms = [choose.fusion_prediction(census, s, 0, h200, Calibration(), on).kernels for s in
            (fusion.Fusion(rms=1), fusion.Fusion(norm=1, rms=1), fusion.Fusion(gated=1, rms=1))]
-    assert rms == [-norms, 0, -norms - 2 * f.blocks]
+    assert rms == [-norms, 0, -norms - f.blocks]
     with pytest.raises(BadInput, match="layout form is kernel"):
         choose.fusion_prediction(census, folded, 0, h200, Calibration(),
                                  dataclasses.replace(on, layout={**on.layout, "form": "expanded"}))

@@ -273,8 +273,9 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
     """The norms folded into the route's layout products: each product that folds one reads the norm's
     weight (float32) beside its planes, and the norms launch no kernel of their own (a norm with a reader
     the layout does not take stays, and costs what it cost without the family). Its kernels are those it
-    removes, counted negative: a fused feed-forward two a block whose gate and up the layout takes (the
-    stack's copy, the activation alone), a generated norm one each (tinygrad's two become one); the folded
+    removes, counted negative: a fused feed-forward one a block whose gate and up the layout takes (the
+    activation alone), and the stack's copy where they are stacked, a generated norm one each (tinygrad's
+    two become one); the folded
     norms' are not counted (the input's copy replaces them)."""
     if why := kernel_layout_needed(fusion.SPACE)(on):
         raise BadInput(why)
@@ -290,7 +291,7 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
             removed += 1
     if folded.gated:
         gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and _taken(t)}
-        removed += 2 * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
+        removed += (2 if stack else 1) * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
     return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
                     ("bandwidth",) + (("kernels removed",) if removed else ()))
 
