@@ -144,9 +144,9 @@ def _cache_of(k):
 def decode_kernels(q, k, chunk: int):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
     UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
-    of its query heads and positions; scores and exponentials through local memory; each query head's maximum and weighted
-    values, their sum beside them, written out) and a combine over the chunks (a group a query head, a
-    thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd), L = position + 1."""
+    of its query heads and positions; scores and exponentials through local memory; each query head's
+    maximum and weighted values, their sum beside them, written out) and a combine over the chunks (a
+    group a query head, a thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd), L = position + 1."""
     import math
     from tinygrad import Tensor, UOp, dtypes
     from tinygrad.dtype import AddrSpace
@@ -160,7 +160,7 @@ def decode_kernels(q, k, chunk: int):
     L = k.shape[2].unbind_all()[0]                    # position + 1, the graph's variable unbound
     n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
     scale = 1.0 / math.sqrt(Hd)
-    reduce = lambda n, axis: UOp.range(n, axis, AxisType.REDUCE)
+    reduce = lambda size, axis: UOp.range(size, axis, AxisType.REDUCE)    # (size may be the grid's n)
 
     def partials(O, M, Q, KV):
         O, M, Q, KV = O.flatten(), M.flatten(), Q.flatten(), KV.flatten()
