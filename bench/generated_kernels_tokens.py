@@ -7,6 +7,7 @@ every kernel of the model is emulated in Python (~5 minutes a route).
     DEV=PYTHON python bench/generated_kernels_tokens.py /tmp/tiny.gguf bench/records/generated_kernels_tokens.json
 """
 import json
+import os
 import platform
 import sys
 import time
@@ -40,7 +41,7 @@ def tokens(path: str, generated: bool) -> tuple[list[int], float, list[dict]]:
 def main(model: str, out: str) -> None:
     plain, plain_s, _ = tokens(model, False)
     generated, generated_s, families = tokens(model, True)
-    record = {"command": f"DEV=PYTHON python bench/generated_kernels_tokens.py {model} {out}",
+    record = {"command": f"DEV={os.environ.get('DEV', '')} python bench/generated_kernels_tokens.py {model} {out}",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
               "python": platform.python_version(), "tinygrad": version("tinygrad"), "prompt": PROMPT,
               "context": CONTEXT, "tinygrad_tokens": plain, "generated_tokens": generated,

@@ -6,11 +6,12 @@
 #   bash bench/h200/chain.sh start           copy the repo to /tmp/repo (later calls re-copy the working tree),
 #                                            start the chain there, return at once
 #   bash bench/h200/chain.sh wait SECONDS    wait for the chain that long at most, then pack $RUN into $OUT
+#   bash bench/h200/chain.sh stop            end the chain and every stage it started (their `timeout`s included)
 # The chain, each stage bench/h200/brackets.sh's: every legal gemv geometry timed alone (geometry); the
 # route the search found (START_ROUTE, cold BEAM=2); then the families in FAMILIES, each searched on the
 # route the last search chose (the start route where none was promoted), judged against that route's
 # own trace, so no baseline is profiled twice (gemv: GEMV_FLAGS, each product timed alone first; any other
-# family F: BUDGET_F settings, FutureSight's best, default 1). Its log:
+# family F: BUDGET_F settings, FutureSight's best, default 1); with FINAL=1, the last promoted route once more. Its log:
 # $RUN/chain.log; done: $RUN/chain.done.
 # MODEL, DEVICE, TARGET and RUN go to brackets.sh (a CPU rehearsal sets them to a tiny model).
 set -u
@@ -20,12 +21,15 @@ case $1 in
   start)
     mkdir -p "$RUN/out"
     rm -rf /tmp/repo && cp -r . /tmp/repo
+    # LEDGER: an earlier session's ledger to go on from, so a setting it judged in the same scope is not timed again
+    [ -n "${LEDGER:-}" ] && cp "$LEDGER" "$RUN/ledger.sqlite"
     (cd /tmp/repo && setsid nohup bash bench/h200/chain.sh run > "$RUN/chain.log" 2>&1 < /dev/null &)
     echo "chain started: $RUN/chain.log" ;;
   run)
+    echo $$ > "$RUN/chain.pid"    # setsid made this shell its session's leader: `stop` ends the session
     export OUT=$RUN/out PYTHONPATH=${SITE:-/tmp/site}:$PWD
     B=bench/h200/brackets.sh
-    on=${START_ROUTE:-bench/h200/searched/split/route.json} base=$RUN/searched.trace.json
+    on=${START_ROUTE:-bench/h200/searched/split/route.json} base=$RUN/searched.trace.json; start_on=$on
     [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
     LIMIT=${ROUTE_LIMIT:-900} bash $B route searched --route "$on"    # a cold BEAM took 376-502 s
     for fam in ${FAMILIES:-fusion constants_once gemv}; do
@@ -43,7 +47,11 @@ PY
       fi
       echo "after $fam: on $on, baseline $base" | tee -a "$RUN/stages.txt"
     done
+    # FINAL=1: the last promoted route profiled again in a fresh process (the judge's candidate ran after the search's)
+    [ -n "${FINAL:-}" ] && [ "$on" != "$start_on" ] && LIMIT=${FINAL_LIMIT:-300} bash $B route final --route "$on"
     touch "$RUN/chain.done" ;;
+  stop)    # every process of the chain's session: its stages run under `timeout`, each in a process group of its own
+    pkill -s "$(cat "$RUN/chain.pid")" && echo "chain stopped"; sleep 2 ;;
   wait)
     end=$(( $(date +%s) + $2 ))
     while [ ! -e "$RUN/chain.done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
