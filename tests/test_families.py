@@ -262,12 +262,13 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     h200, cal = get_target("h200"), Calibration()
     chunks = (16, 32, 64, 128, 256)
     assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged")
-                                                             for ca in ("", ":carried")} | {f"{c}:kernel" for c in chunks}
+                                                             for ca in ("", ":carried")} | {f"{c}:kernel{w}" for c in chunks
+                                                                                            for w in ("", ":wide")}
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
     settings, rejected = choose.SPLIT.space(host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
-    assert rejected == {"the target declares no max_threads_per_group": 20}
+    assert rejected == {"the target declares no max_threads_per_group": 40}
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -289,6 +290,9 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     assert (kernel.bytes, kernel.kernels) == (f.blocks * 41 * row, 2 * f.blocks)
     assert attention.scheduled(attention.Split(32, kernel=True), f.heads, f.kv_heads, f.head_dim, 64, 40) == (
         attention.Scheduled(f.heads * 2 * 32, True), attention.Scheduled(f.heads * f.head_dim, False))
+    # Wide, the same bytes and kernels, each load WIDE_KEYS values: more in flight a thread (Little's law).
+    wide = choose.split_prediction(census, attention.Split(32, kernel=True, wide=True), 40, h200, cal)
+    assert (wide.bytes, wide.kernels) == (kernel.bytes, kernel.kernels) and wide.memory_us < kernel.memory_us
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
@@ -355,14 +359,18 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
         assert np.abs(got - want).max() < 1e-5, p
 
 
-@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk", [
-    (2, 2, 8, 24, 8),
-    (1, 4, 16, 20, 16),      # the cache's last chunk runs past its end
+@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk, wide", [
+    (2, 2, 8, 24, 8, False),
+    (1, 4, 16, 20, 16, False),      # the cache's last chunk runs past its end
+    (2, 2, 16, 64, 32, False),      # every output in one round: the threads past them write to a spill slot
+    (2, 2, 16, 24, 8, True),        # wide: a key row two loads of eight, each thread two dimensions of values
+    (1, 4, 32, 20, 8, True),        # four dimensions a thread; the last chunk past the cache's end
+    (2, 2, 8, 40, 16, True),        # a chunk wider than a head: half its threads take no dimension
 ])
-def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk):
+def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, wide):
     """The two generated kernels (partials through local memory, then the combine), under the JIT with the
     position a variable and the cache written in the same graph, as tinygrad.llm's decode step does: on
-    tinygrad's PYTHON device, which runs thread groups, local memory and barriers."""
+    tinygrad's PYTHON device, which runs thread groups, local memory and barriers (and vector loads)."""
     from tinygrad import Tensor, TinyJit, UOp
     from boltbeam.route.attention import decode_kernels
     dev = "PYTHON"
@@ -372,7 +380,7 @@ def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, 
     @TinyJit
     def step(q, x, p):
         written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
-        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk).realize()
+        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide).realize()
 
     for p in (0, 1, chunk - 1, chunk, positions - 1):
         q = Tensor.randn(1, kv_heads * group, 1, head_dim, device=dev).realize()
@@ -495,7 +503,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
                                                      "carried" in judged["setting"])))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
-                                                                       "kernel": False, "applied": 2, "eligible": 2,
+                                                                       "kernel": False, "wide": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
@@ -514,15 +522,17 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide shapes the generated kernel alone")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide]")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged, carried and kernel"
+    keys = "keys chunk, staged, carried, kernel and wide"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
-        ("32", "a table (chunk, staged, carried, kernel)"),
-        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel true or false")))
+        ("32", "a table (chunk, staged, carried, kernel, wide)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):

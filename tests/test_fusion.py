@@ -169,11 +169,15 @@ def test_futuresight_on_folded_norms(tiny_model):
     stacked_on = dataclasses.replace(on, layout={**on.layout, "stack": "stacked"})     # the stack's copy goes too
     assert choose.fusion_prediction(census, fusion.Fusion(gated=1), 0, h200, Calibration(), stacked_on).kernels == \
         -2 * f.blocks
-    # A generated norm removes one kernel for each norm not folded: every one of them, or none left.
+    # A generated norm adds kernels for each norm not folded (its buffers' elementwise work runs apart):
+    # every one of them, or none left; the fused feed-forward's still go.
     norms = 2 * f.blocks + 1
-    rms = [choose.fusion_prediction(census, s, 0, h200, Calibration(), on).kernels for s in
+    rms = [choose.fusion_prediction(census, s, 0, h200, Calibration(), on) for s in
            (fusion.Fusion(rms=1), fusion.Fusion(norm=1, rms=1), fusion.Fusion(gated=1, rms=1))]
-    assert rms == [-norms, 0, -norms - f.blocks]
+    added = choose.RMS_KERNELS_ADDED * norms
+    assert [p.kernels for p in rms] == [added, 0, added - f.blocks] and "kernels added" in rms[0].terms
+    # So the fused feed-forward alone orders before the generated norm.
+    assert gated[0].us(h200) < rms[0].us(h200)
     with pytest.raises(BadInput, match="layout form is kernel"):
         choose.fusion_prediction(census, folded, 0, h200, Calibration(),
                                  dataclasses.replace(on, layout={**on.layout, "form": "expanded"}))

@@ -140,9 +140,9 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
         return Split.parse(flag)
     if from_route is None:
         return None
-    # (carried and kernel came after the first routes were written: a route without them runs them off)
-    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried", "kernel"}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged, carried and kernel")
+    # (carried, kernel and wide came after the first routes were written: a route without them runs them off)
+    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried", "kernel", "wide"}:
+        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged, carried, kernel and wide")
     return Split(**from_route)
 
 

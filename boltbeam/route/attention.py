@@ -49,12 +49,14 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 
 @dataclass(frozen=True)
 class Split:
-    """One setting of the family: positions a chunk, whether the chunks' partials are staged, and whether
-    the sums of exponentials ride as a column of the weighted values."""
+    """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
+    sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and
+    whether they read wide."""
     chunk: int
     staged: bool = False
     carried: bool = False
     kernel: bool = False
+    wide: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
@@ -64,9 +66,9 @@ class Split:
             raise BadInput(f"split attention {self.chunk!r}, {', '.join(f'{k} {getattr(self, k)!r}' for k in KNOBS)}: "
                            f"positions per chunk must be one of {', '.join(map(str, space['chunk']))}, "
                            f"{', '.join(KNOBS)} true or false (spaces.toml, family {SPACE})")
-        if self.kernel and (self.staged or self.carried):
-            raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code; the generated "
-                           f"kernel takes neither")
+        if not self.admits({k: getattr(self, k) for k in KNOBS}):
+            raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
+                           f"kernel takes neither; wide shapes the generated kernel alone")
 
     @property
     def flag(self) -> str:
@@ -74,20 +76,24 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried] or CHUNK:kernel (profile --split-attention)."""
+        """CHUNK[:staged][:carried] or CHUNK:kernel[:wide] (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel, e.g. 32, "
-                           f"32:staged:carried or 32:kernel")
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel[:wide], e.g. "
+                           f"32, 32:staged:carried or 32:kernel:wide")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
     @staticmethod
     def admits(values: dict[str, int]) -> bool:
-        """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob."""
-        return not (values.get("kernel") and (values.get("staged") or values.get("carried")))
+        """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
+        tensor code not the kernel's."""
+        if values.get("kernel"):
+            return not (values.get("staged") or values.get("carried"))
+        return not values.get("wide")
 
 
-KNOBS = ("staged", "carried", "kernel")      # the family's switches, in the flag's order
+KNOBS = ("staged", "carried", "kernel", "wide")      # the family's switches, in the flag's order
+WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 
 
 def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
@@ -141,12 +147,16 @@ def _cache_of(k):
     return Tensor(u)
 
 
-def decode_kernels(q, k, chunk: int):
+def decode_kernels(q, k, chunk: int, wide: bool = False):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
     UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
     of its query heads and positions; scores and exponentials through local memory; each query head's
     maximum and weighted values, their sum beside them, written out) and a combine over the chunks (a
-    group a query head, a thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd), L = position + 1."""
+    group a query head, a thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd),
+    L = position + 1. `wide`: a thread reads its key row WIDE_KEYS halves a load, and for the weighted
+    values takes Hd/chunk consecutive dimensions of its query head (its value loads and output stores as
+    wide; no thread idle, no output gated); each chunk's sum goes to a buffer of its own, and the combine
+    sums values and denominators in one pass over the chunks."""
     import math
     from tinygrad import Tensor, UOp, dtypes
     from tinygrad.dtype import AddrSpace
@@ -154,23 +164,35 @@ def decode_kernels(q, k, chunk: int):
     B, H, _, Hd = q.shape
     KvH = k.shape[1]
     G = H // KvH
+    if wide and (Hd % WIDE_KEYS or (Hd % chunk and chunk % Hd)):
+        raise BadInput(f"split attention {chunk}:kernel:wide reads a head of {Hd} dimensions {WIDE_KEYS} keys a load, "
+                       f"and shares a row of values among a chunk's {chunk} threads: {Hd} must be a multiple of "
+                       f"{WIDE_KEYS}, and of {chunk} or a divisor of it")
+    per = max(1, Hd // chunk)                         # wide: the value dimensions a thread takes
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
     P = cache.shape[3]
-    C, T, W = -(-P // chunk), G * chunk, Hd + 1       # chunks, threads a group, an output row with its sum
+    C, T = -(-P // chunk), G * chunk                  # chunks, threads a group
+    W = max(Hd, chunk) if wide else Hd + 1            # an output row (narrow: its sum beside; wide: a column a thread)
     L = k.shape[2].unbind_all()[0]                    # position + 1, the graph's variable unbound
     n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
     scale = 1.0 / math.sqrt(Hd)
     reduce = lambda size, axis: UOp.range(size, axis, AxisType.REDUCE)    # (size may be the grid's n)
 
-    def partials(O, M, Q, KV):
-        O, M, Q, KV = O.flatten(), M.flatten(), Q.flatten(), KV.flatten()
+    def partials(*bufs):
+        flat = [b.flatten() for b in bufs]
+        O, M, Z, Q, KV = flat if wide else (*flat[:2], None, *flat[2:])     # wide: each chunk's sums apart (Z)
         g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(T, "lidx0")
         i, j = t // chunk, t % chunk                  # the thread's query head (of the key head's) and position
         live = lambda j: c * chunk + j < L
         at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
-        e = reduce(Hd, 0)
-        dot = (Q[(g * G + i) * Hd + e].cast(dtypes.float) *
-               KV[at(0, j, e).valid(live(j))].cast(dtypes.float)).reduce(e, arg=Ops.ADD)
+        if wide:                                      # a vector of WIDE_KEYS, as the compiler unrolls it
+            e, ek = reduce(Hd // WIDE_KEYS, 0), UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
+            dk, over = e * WIDE_KEYS + ek, (e, ek)
+        else:
+            dk = reduce(Hd, 0)
+            over = (dk,)
+        dot = (Q[(g * G + i) * Hd + dk].cast(dtypes.float) *
+               KV[at(0, j, dk).valid(live(j))].cast(dtypes.float)).reduce(*over, arg=Ops.ADD)
         s = live(j).where(dot * scale, float("-inf"))
         S = UOp.placeholder((T,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(s)
         S = S.after(S.barrier())
@@ -178,33 +200,51 @@ def decode_kernels(q, k, chunk: int):
         m = S[i * chunk + jm].reduce(jm, arg=Ops.MAX)   # the query head's maximum over the chunk
         E = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(live(j).where((s - m).exp(), 0.0))
         E = E.after(E.barrier())
+        store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
+        jv = reduce(chunk, 3)
+        if wide:        # thread (i, j): query head i's dimensions j*per..j*per+per-1 (a chunk wider than a head: j < Hd)
+            w = UOp.range(per, 11, AxisType.UPCAST)
+            d = j * per + w
+            value = KV[at(1, jv, d).valid(live(jv) & (d < Hd))].cast(dtypes.float)
+            o = (E[i * chunk + jv] * value).reduce(jv, arg=Ops.ADD)
+            store_o = O[((g * G + i) * C + c) * W + d].store(o).end(w)     # (d >= Hd: a column no one reads)
+            jz = reduce(chunk, 4)
+            store_z = Z[((g * G + i) * C + c).valid(j.eq(0))].store(E[i * chunk + jz].reduce(jz, arg=Ops.ADD))
+            return UOp.sink(store_o, store_m, store_z,
+                            arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_wide", opts_to_apply=()))
         r = UOp.range(-(-G * W // T), 2)                 # the group's G x W outputs, T at a time
         u = t + r * T
         inside = u < G * W
         gi, d = u // W, u % W                            # query head, dimension (the last: the sum)
-        jv = reduce(chunk, 3)
         value = (d < Hd).where(KV[at(1, jv, d).valid(live(jv) & (d < Hd) & inside)].cast(dtypes.float), 1.0)
         o = (E[(gi * chunk + jv).valid(inside)] * value).reduce(jv, arg=Ops.ADD)
-        store_o = O[(((g * G + gi) * C + c) * W + d).valid(inside)].store(o).end(r)
-        store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
+        # A thread past the group's outputs writes to a spill slot of its own, not through a gated index
+        # (tinygrad 0.13.0 dropped that gate where the outputs take one round: threads wrote other groups' rows).
+        store_o = O[inside.where(((g * G + gi) * C + c) * W + d, H * C * W + t)].store(o).end(r)
         return UOp.sink(store_o, store_m, arg=KernelInfo(name=f"attention_partials_{G}x{chunk}", opts_to_apply=()))
 
-    def combine(Y, O, M):
-        Y, O, M = Y.flatten(), O.flatten(), M.flatten()
+    def combine(*bufs):
+        Y, O, M, Z = [b.flatten() for b in bufs] + ([] if wide else [None])
         h, d = UOp.special(H, "gidx0"), UOp.special(Hd, "lidx0")
         c0 = reduce(n, 0)
         top = M[h * C + c0].reduce(c0, arg=Ops.MAX)
+        share = lambda c: (M[h * C + c] - top).exp()    # a chunk's share of one softmax
+        if wide:                                        # one range: values and denominators in one loop
+            c = reduce(n, 1)
+            out = (O[(h * C + c) * W + d] * share(c)).reduce(c, arg=Ops.ADD) / \
+                (Z[h * C + c] * share(c)).reduce(c, arg=Ops.ADD)
+        else:
+            c1, c2 = reduce(n, 1), reduce(n, 2)
+            out = (O[(h * C + c1) * W + d] * share(c1)).reduce(c1, arg=Ops.ADD) / \
+                (O[(h * C + c2) * W + Hd] * share(c2)).reduce(c2, arg=Ops.ADD)
+        return Y[h * Hd + d].store(out).sink(arg=KernelInfo(name=f"attention_combine_{C}{'_wide' if wide else ''}",
+                                                            opts_to_apply=()))
 
-        def weighted(col, axis):            # column col of every chunk so far, at its share of one softmax
-            c = reduce(n, axis)
-            return (O[(h * C + c) * W + col] * (M[h * C + c] - top).exp()).reduce(c, arg=Ops.ADD)
-        return Y[h * Hd + d].store(weighted(d, 1) / weighted(Hd, 2)).sink(
-            arg=KernelInfo(name=f"attention_combine_{C}", opts_to_apply=()))
-
-    O = Tensor.empty(H, C, W, dtype=dtypes.float32, device=q.device)
+    O = Tensor.empty(H * C * W + (0 if wide else T), dtype=dtypes.float32, device=q.device)    # narrow: + spill
     M = Tensor.empty(H, C, dtype=dtypes.float32, device=q.device)
-    O, M = Tensor.custom_kernel(O, M, q.reshape(H, Hd), cache, fxn=partials)[:2]
-    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=dtypes.float32, device=q.device), O, M, fxn=combine)[0]
+    sums = (Tensor.empty(H, C, dtype=dtypes.float32, device=q.device),) if wide else ()
+    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd), cache, fxn=partials)[:2 + len(sums)]
+    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=dtypes.float32, device=q.device), *written, fxn=combine)[0]
     return Y.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
@@ -252,7 +292,7 @@ def _split_decode_attention(split: Split, total: int, taken):
                 and (q.shape[0] == 1 or not split.kernel):
             taken()
             if split.kernel:
-                return decode_kernels(q, k, split.chunk)
+                return decode_kernels(q, k, split.chunk, split.wide)
             return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 

@@ -43,7 +43,7 @@ from boltbeam.route import alone as alone_timing, attention, constants, fusion, 
 from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
-from boltbeam.search.future import Calibration, Work, calibration, predict
+from boltbeam.search.future import LOAD_BYTES, Calibration, Work, calibration, predict
 from boltbeam.search.space import families, on_target
 
 PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
@@ -191,6 +191,10 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     # groups than multiprocessors leave some idle: FutureSight's share term).
     width = split.chunk * (f.heads // max(1, f.kv_heads)) if split.kernel else target.fact("thread_group_width")
     grouped = {"local": int(width or 1)}
+    if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width
+        load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
+        cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, cal.bytes_in_flight_per_thread * load
+                                                                       // LOAD_BYTES))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
@@ -268,15 +272,22 @@ def gemv_prediction(census, geometry: Geometry, context: int, target: Target, ca
     return Foreseen(nbytes, 0, us, tuple(dict.fromkeys(terms)))
 
 
+# Kernels one generated norm adds to a token, net: on the H200 route (bench/h200/kernels/) 73 norms took 145
+# of tinygrad's kernels away and brought 290 (the norms, 73 casts of their output, 144 residual sums).
+RMS_KERNELS_ADDED = 2
+
+
 def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal: Calibration,
                       on: Route | None = None) -> Foreseen:
     """The norms folded into the route's layout products: each product that folds one reads the norm's
     weight (float32) beside its planes, and the norms launch no kernel of their own (a norm with a reader
     the layout does not take stays, and costs what it cost without the family). Its kernels are those it
     removes, counted negative: a fused feed-forward one a block whose gate and up the layout takes (the
-    activation alone), and the stack's copy where they are stacked, a generated norm one each (tinygrad's
-    two become one); the folded
-    norms' are not counted (the input's copy replaces them)."""
+    activation alone), and the stack's copy where they are stacked; the folded norms' are not counted (the
+    input's copy replaces them). A generated norm adds RMS_KERNELS_ADDED: tinygrad's two kernels go, but a
+    custom kernel's input and output are buffers of their own, so the elementwise work tinygrad fused into
+    the norm's kernels and its readers (the residual sum it reads, the cast of its float32 output) runs as
+    kernels beside it."""
     if why := kernel_layout_needed(fusion.SPACE)(on):
         raise BadInput(why)
     stack = Setting(**on.layout).stack == "stacked"
@@ -288,12 +299,12 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
         if folded.norm and readers and all(_taken(r) for r in readers):
             nbytes += len(stacks(readers) if stack else readers) * t.elements * 4
         elif folded.rms:
-            removed += 1
+            removed -= RMS_KERNELS_ADDED
     if folded.gated:
         gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and _taken(t)}
         removed += (2 if stack else 1) * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
     return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
-                    ("bandwidth",) + (("kernels removed",) if removed else ()))
+                    ("bandwidth",) + (("kernels removed",) if removed > 0 else ("kernels added",) if removed else ()))
 
 
 def constants_prediction(census, once: constants.Once, context: int, target: Target, cal: Calibration,
