@@ -52,6 +52,17 @@ def tiny_trace(tiny_model, tmp_path_factory):
     return out, profile(tiny_model, out, "--context", "8", "--tokens", "3")
 
 
+def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tmp_path, capsys):
+    report = tmp_path / "host.txt"
+    t = profile(tiny_model, tmp_path / "t.json", "--context", "4", "--tokens", "2", "--host-profile", str(report))
+    text = report.read_text()
+    assert text.startswith("# the host's time over 2 plain decode tokens")
+    assert "engine/jit.py" in text and "__call__" in text     # tinygrad's JIT replay, where a token's launches start
+    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 2           # its tokens come after the trace's, not in it
+    refuses(tiny_model, tmp_path, capsys, ["--engine", "llama.cpp", "--host-profile", str(tmp_path / "h")],
+            "--engine llama.cpp")
+
+
 def test_trace_holds_both_passes(tiny_model, tiny_trace):
     _, t = tiny_trace
     assert len(t.token_wall_us) == 3 and len(t.kernel_pass_wall_us) == 3

@@ -47,8 +47,10 @@ PY
       fi
       echo "after $fam: on $on, baseline $base" | tee -a "$RUN/stages.txt"
     done
-    # FINAL=1: the last promoted route profiled again in a fresh process (the judge's candidate ran after the search's)
-    [ -n "${FINAL:-}" ] && [ "$on" != "$start_on" ] && LIMIT=${FINAL_LIMIT:-300} bash $B route final --route "$on"
+    # FINAL=1: the last promoted route profiled again in a fresh process (the judge's candidate ran after the search's),
+    # and where the host's time goes in as many tokens more (the time before each token's first kernel)
+    [ -n "${FINAL:-}" ] && [ "$on" != "$start_on" ] && LIMIT=${FINAL_LIMIT:-300} bash $B route final --route "$on" \
+      --host-profile "$OUT/final.host.txt"
     touch "$RUN/chain.done" ;;
   stop)    # every process of the chain's session: its stages run under `timeout`, each in a process group of its own
     pkill -s "$(cat "$RUN/chain.pid")" && echo "chain stopped"; sleep 2 ;;

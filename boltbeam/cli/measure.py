@@ -32,6 +32,8 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     model_arg(p)
     profile_flags(p, device_required=True)
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
+    p.add_argument("--host-profile", metavar="FILE", help="after the measured tokens, decode as many more under "
+                   "Python's profiler and write where the host's time went (tinygrad; not with --timing launch)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_profile)
 
@@ -60,11 +62,12 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel", help="decode attention split "
-                   "over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; `:staged` "
-                   "writes each chunk's partial results to buffers of their own before the combine; `:carried` sums the "
-                   "exponentials as a column of ones beside the values (two reductions fewer a layer); `:kernel` writes "
-                   "the split as two kernels generated at tinygrad's UOp level (needs thread groups with local memory)")
+    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide]", help="decode attention "
+                   "split over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; "
+                   "`:staged` writes each chunk's partial results to buffers of their own before the combine; `:carried` "
+                   "sums the exponentials as a column of ones beside the values (two reductions fewer a layer); `:kernel` "
+                   "writes the split as two kernels generated at tinygrad's UOp level (needs thread groups with local "
+                   "memory); `:wide` has them read a key row eight halves a load and a run of value dimensions a thread")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
                    "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
@@ -172,11 +175,12 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
     prepare = families_of(layout, constants, split, geometry, folded)
     from boltbeam.measure.tinygrad_run import profile
-    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens)) as tick:
+    extra = args.tokens if getattr(args, "host_profile", None) else 0     # the host profile's tokens
+    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + extra) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
-                       prepare=prepare, progress=tick)
+                       prepare=prepare, progress=tick, host_profile=getattr(args, "host_profile", None))
 
 
 @contextlib.contextmanager
@@ -210,6 +214,8 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
                      if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")
+    if getattr(args, "host_profile", None):
+        raise BadInput("--host-profile profiles tinygrad's decode in this process: not with --engine llama.cpp")
     from boltbeam.measure.llama_cpp_run import profile
     with _decode_bar("loading", 1 + args.warmup + 2 * args.tokens) as tick:
         return profile(model, context=args.context, tokens=args.tokens, warmup=args.warmup,

@@ -485,7 +485,7 @@ def default_timing(device: str) -> str:
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
             beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None,
             route: tuple[str, Route] | None = None,
-            prepare: list[Callable[[Any, Census, str], Prepared]] | None = None) -> Trace:
+            prepare: list[Callable[[Any, Census, str], Prepared]] | None = None, host_profile: str | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
     heuristics: its kernels never run in a measured token). `timing` is a key of trace.TIMINGS:
@@ -493,12 +493,16 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     run; "launch" (CUDA) launches the kernels one by one instead and says so. `route` (path, route):
     the kernels it names are compiled with its opts, and the trace counts how many were. `prepare`:
     generated route families, each (model, census, path) -> Prepared, called on the loaded model
-    before anything runs (new weight layouts, constants computed once); the trace says what each changed."""
+    before anything runs (new weight layouts, constants computed once); the trace says what each changed.
+    `host_profile`: a file for where the host's time goes in `tokens` plain tokens more, decoded under Python's
+    profiler after the measured ones (so it changes none of them)."""
     if tokens < 1 or warmup < 3 or context < 0:
         raise BadInput("need --tokens >= 1, --warmup >= 3 (the JIT captures on its second call) and --context >= 0")
     timing = timing or default_timing(device)
     if timing in ("cupti", "launch") and not device.startswith("CUDA"):
         raise BadInput(f"--timing {timing} needs CUDA; on {device} the kernels are timed by tinygrad's own graph timestamps")
+    if host_profile and timing == "launch":
+        raise BadInput("--host-profile profiles the graph replay users run: not with --timing launch (no graphs)")
     census = take_census(model)
     if census.unclassified:
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
@@ -508,7 +512,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
     passes = 3 if timing == "hcq" else 2               # hcq captures a second JIT for its timed tokens
-    needed = len(prompt) + passes * warmup + 2 * tokens + 2
+    needed = len(prompt) + passes * warmup + (3 if host_profile else 2) * tokens + 2
     max_context = kv_positions(census, needed)
     if census.facts.context_length and needed > census.facts.context_length:
         raise BadInput(f"context {context} plus {needed - len(prompt)} decoded tokens exceeds the model's "
@@ -519,7 +523,10 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied:
         run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare)
         run.route = (route[0], route[1], applied) if route else None
-        return run.trace(model_hash)
+        trace = run.trace(model_hash)
+        if host_profile:
+            run.host_profile(host_profile)
+        return trace
 
 
 def _open(device: str) -> None:
@@ -563,6 +570,9 @@ class _TimedToken:
         return (self.marks_ns[1] - max(end for _, _, end, _ in self.timeline)) / 1e3
 
 
+HOST_PROFILE_ROWS = 40      # functions a host profile lists, by each of its two orders
+
+
 class _Run:
     """One loaded model decoding: the plain tokens users get and the timed tokens, one trace."""
     def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare):
@@ -604,6 +614,25 @@ class _Run:
         after = self.rec.clock()
         calls, jit_calls = self.rec.take()
         return _TimedToken(step, calls, jit_calls, (step.started_ns, after))
+
+    def host_profile(self, out: str) -> None:
+        """`tokens` plain tokens more under cProfile, its report written to `out`: the functions that hold
+        the host's time (cumulative, then their own), for every token together."""
+        import cProfile
+        import io
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(self.tokens):
+            self._next("host profile")
+        profiler.disable()
+        text = io.StringIO()
+        text.write(f"# the host's time over {self.tokens} plain decode tokens (Python's cProfile; its own cost "
+                   f"slows the host, not the device)\n")
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(HOST_PROFILE_ROWS)
+        stats.sort_stats("tottime").print_stats(HOST_PROFILE_ROWS)
+        pathlib.Path(out).write_text(text.getvalue())
 
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
@@ -722,7 +751,7 @@ class _Run:
                       if self.rec.timing != "hcq" else None,
                       "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
             route=self._route(),
-            token_wall_us=[s.wall_us for s in plain], output_tokens=self.out_tokens, memory=memory,
+            token_wall_us=[s.wall_us for s in plain], output_tokens=list(self.out_tokens), memory=memory,
             kernel_pass_wall_us=[t.step.wall_us for t in timed], kernels=kernels,
             kernel_pass=KernelPass(self.rec.timing, [t.jit_calls for t in timed],
                                    [sum(1 for c in t.calls if c.graph is not None) for t in timed],
