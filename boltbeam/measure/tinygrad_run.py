@@ -485,7 +485,8 @@ def default_timing(device: str) -> str:
 def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
             beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None,
             route: tuple[str, Route] | None = None,
-            prepare: list[Callable[[Any, Census, str], Prepared]] | None = None, host_profile: str | None = None) -> Trace:
+            prepare: list[Callable[[Any, Census, str], Prepared]] | None = None,
+            host_profile: str | None = None) -> Trace:
     """Run decode in tinygrad and return the trace. `device` must already be tinygrad's DEV.
     With beam > 0, tinygrad's BEAM search chooses the decode kernels' opts (the prefill keeps the
     heuristics: its kernels never run in a measured token). `timing` is a key of trace.TIMINGS:

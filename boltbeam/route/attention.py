@@ -200,6 +200,8 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
         m = S[i * chunk + jm].reduce(jm, arg=Ops.MAX)   # the query head's maximum over the chunk
         E = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(live(j).where((s - m).exp(), 0.0))
         E = E.after(E.barrier())
+        # (every thread of a query head holds the same maximum, and the same sum below: right whether or not
+        # tinygrad keeps these stores' gate)
         store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
         jv = reduce(chunk, 3)
         if wide:        # thread (i, j): query head i's dimensions j*per..j*per+per-1 (a chunk wider than a head: j < Hd)
@@ -229,14 +231,10 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
         c0 = reduce(n, 0)
         top = M[h * C + c0].reduce(c0, arg=Ops.MAX)
         share = lambda c: (M[h * C + c] - top).exp()    # a chunk's share of one softmax
-        if wide:                                        # one range: values and denominators in one loop
-            c = reduce(n, 1)
-            out = (O[(h * C + c) * W + d] * share(c)).reduce(c, arg=Ops.ADD) / \
-                (Z[h * C + c] * share(c)).reduce(c, arg=Ops.ADD)
-        else:
-            c1, c2 = reduce(n, 1), reduce(n, 2)
-            out = (O[(h * C + c1) * W + d] * share(c1)).reduce(c1, arg=Ops.ADD) / \
-                (O[(h * C + c2) * W + Hd] * share(c2)).reduce(c2, arg=Ops.ADD)
+        c1 = reduce(n, 1)
+        c2 = c1 if wide else reduce(n, 2)               # wide: one range, values and denominators in one loop
+        sums = Z[h * C + c2] if wide else O[(h * C + c2) * W + Hd]
+        out = (O[(h * C + c1) * W + d] * share(c1)).reduce(c1, arg=Ops.ADD) / (sums * share(c2)).reduce(c2, arg=Ops.ADD)
         return Y[h * Hd + d].store(out).sink(arg=KernelInfo(name=f"attention_combine_{C}{'_wide' if wide else ''}",
                                                             opts_to_apply=()))
 
