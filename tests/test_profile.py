@@ -61,6 +61,7 @@ def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tmp_path, capsy
     assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 2           # its tokens come after the trace's, not in it
     refuses(tiny_model, tmp_path, capsys, ["--engine", "llama.cpp", "--host-profile", str(tmp_path / "h")],
             "--engine llama.cpp")
+    refuses(tiny_model, tmp_path, capsys, ["--host-profile", str(tmp_path)], "is a folder")   # before loading
 
 
 def test_trace_holds_both_passes(tiny_model, tiny_trace):

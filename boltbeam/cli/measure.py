@@ -175,12 +175,12 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
     prepare = families_of(layout, constants, split, geometry, folded)
     from boltbeam.measure.tinygrad_run import profile
-    extra = args.tokens if getattr(args, "host_profile", None) else 0     # the host profile's tokens
-    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + extra) as tick:
+    host = getattr(args, "host_profile", None)      # (profile's flag; audit has none)
+    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
-                       prepare=prepare, progress=tick, host_profile=getattr(args, "host_profile", None))
+                       prepare=prepare, progress=tick, host_profile=host)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
-from boltbeam.files import sha256_file
+from boltbeam.files import replaceable, sha256_file, write_atomic
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
                                            match_records, split_by_token)
 from boltbeam.measure.route import SWITCH, Route, routed_label
@@ -502,8 +502,10 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     timing = timing or default_timing(device)
     if timing in ("cupti", "launch") and not device.startswith("CUDA"):
         raise BadInput(f"--timing {timing} needs CUDA; on {device} the kernels are timed by tinygrad's own graph timestamps")
-    if host_profile and timing == "launch":
-        raise BadInput("--host-profile profiles the graph replay users run: not with --timing launch (no graphs)")
+    if host_profile:
+        if timing == "launch":
+            raise BadInput("--host-profile profiles the graph replay users run: not with --timing launch (no graphs)")
+        replaceable(host_profile)        # before minutes of loading: a folder or a link there is one line now
     census = take_census(model)
     if census.unclassified:
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
@@ -633,7 +635,7 @@ class _Run:
         stats = pstats.Stats(profiler, stream=text)
         stats.sort_stats("cumulative").print_stats(HOST_PROFILE_ROWS)
         stats.sort_stats("tottime").print_stats(HOST_PROFILE_ROWS)
-        pathlib.Path(out).write_text(text.getvalue())
+        write_atomic(out, text.getvalue())
 
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
