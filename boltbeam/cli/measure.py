@@ -62,6 +62,9 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "layout; `none` turns it off")
     p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
                    "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
+    p.add_argument("--direct-replay", action="store_true", help="replay the captured decode graphs directly: each "
+                   "token's inputs prepared once, the token fed back uncopied and read from its buffer, where tinygrad "
+                   "prepares, copies and lowers again every token (also on when the route says so)")
     p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide]", help="decode attention "
                    "split over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; "
                    "`:staged` writes each chunk's partial results to buffers of their own before the combine; `:carried` "
@@ -93,13 +96,14 @@ def _route_of(args: argparse.Namespace, model: str):
     return args.route, r
 
 
-def families_of(layout, constants_once: bool, split_attention=None, gemv=None, fusion=None) -> list:
+def families_of(layout, constants_once: bool, split_attention=None, gemv=None, fusion=None,
+                direct_replay: bool = False) -> list:
     """The generated route families to build on the loaded model, in order (as Route.families names
     them); none when switched off."""
     import functools
 
     from boltbeam.measure.route import env_off
-    from boltbeam.route import attention, constants, fusion as fusions, gemv as gemvs, layout as layouts
+    from boltbeam.route import attention, constants, fusion as fusions, gemv as gemvs, layout as layouts, replay
     if env_off():
         return []
     for name, setting in (("gemv", gemv), ("fusion", fusion)):
@@ -112,6 +116,8 @@ def families_of(layout, constants_once: bool, split_attention=None, gemv=None, f
         families.append(constants.install)
     if split_attention is not None:
         families.append(functools.partial(_install, attention.install, split_attention))
+    if direct_replay:
+        families.append(replay.install)
     return families
 
 
@@ -173,7 +179,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     from boltbeam.route import fusion, gemv
     geometry = gemv.setting_of(args.gemv, route[1].gemv if route else None, f"route {route[0]}" if route else "route")
     folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
-    prepare = families_of(layout, constants, split, geometry, folded)
+    replayed = args.direct_replay or bool(route and route[1].direct_replay)
+    prepare = families_of(layout, constants, split, geometry, folded, replayed)
     from boltbeam.measure.tinygrad_run import profile
     host = getattr(args, "host_profile", None)      # (profile's flag; audit has none)
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)) as tick:
@@ -210,7 +217,7 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
     tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
                      (("beam", 0), ("route", None), ("layout", None), ("constants_once", False),
-                      ("split_attention", None), ("gemv", None), ("fusion", None))
+                      ("split_attention", None), ("gemv", None), ("fusion", None), ("direct_replay", False))
                      if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")

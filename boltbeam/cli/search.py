@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
-WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv", "fusion", "constants_once")   # judged whole (route/choose.py)
+WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay")   # judged whole (route/choose.py)
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared

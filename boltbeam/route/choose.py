@@ -35,11 +35,11 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
 from boltbeam.measure import trace as tracefile
-from boltbeam.measure.route import (CONSTANTS_LABEL, FUSION_LABEL, GEMV_LABEL, LAYOUT_LABEL, SPLIT_ATTENTION_LABEL,
-                                    Route, engine, routed_label)
+from boltbeam.measure.route import (CONSTANTS_LABEL, FUSION_LABEL, GEMV_LABEL, LAYOUT_LABEL, REPLAY_LABEL,
+                                    SPLIT_ATTENTION_LABEL, Route, engine, routed_label)
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route import alone as alone_timing, attention, constants, fusion, gemv
+from boltbeam.route import alone as alone_timing, attention, constants, fusion, gemv, replay
 from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
@@ -314,6 +314,12 @@ def constants_prediction(census, once: constants.Once, context: int, target: Tar
     return Foreseen(0, 0, 0.0, ("computed once at load",))
 
 
+def replay_prediction(census, direct: replay.Direct, context: int, target: Target, cal: Calibration,
+                      on: Route | None = None) -> Foreseen:
+    """The host's step before the first kernel, shortened: the device moves the same bytes in the same kernels."""
+    return Foreseen(0, 0, 0.0, ("host time only",))
+
+
 def measured_fraction(path: str, target: Target) -> tuple[str, float]:
     """How the products of the layout profiled at `path` were written, and the fraction of the target's
     bandwidth they reached: the planes' bytes (each read once a token) over the per-token median of
@@ -342,7 +348,9 @@ FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v),
                     lambda s: ["--fusion", s.flag], asdict, kernel_layout_needed(fusion.SPACE), lambda v: any(v.values()))
 CONSTANTS = WholeToken(constants.SPACE, CONSTANTS_LABEL, "constants_once", lambda v: constants.Once(**v),
                        constants_prediction, lambda s: ["--constants-once"], lambda s: True)
-WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION, CONSTANTS)}
+REPLAY = WholeToken(replay.SPACE, REPLAY_LABEL, "direct_replay", lambda v: replay.Direct(**v), replay_prediction,
+                    lambda s: ["--direct-replay"], lambda s: True)
+WHOLE_TOKEN = {f.name: f for f in (LAYOUT, SPLIT, GEMV, FUSION, CONSTANTS, REPLAY)}
 
 
 def with_setting(family: WholeToken, on: Route | None, setting, sha: str, device: str, target: str,
