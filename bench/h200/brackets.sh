@@ -9,7 +9,8 @@
 #   bash bench/h200/brackets.sh geometry                     bench/h200/gemv_geometry.py: every legal gemv geometry per
 #                                                            product shape, checked then timed alone -> $OUT/gemv_geometry.json
 #   bash bench/h200/brackets.sh pack                         summaries, logs and nvidia-smi -> $OUT/run-$(date).tgz
-# tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back).
+# tinygrad's BEAM cache lives in /tmp while the machine stays warm (216 MB: too big to bring back); its BEAM
+# choices alone come back in the pack as beam_cache.json (bench/h200/beam_cache.py).
 # MODEL, DEVICE, TARGET (flags) and RUN (the stages' folder, /tmp/run) default to the above; a CPU rehearsal of a plan sets them to a tiny model.
 set -u
 model=${MODEL:-/tmp/m.gguf} device=${DEVICE:-CUDA}
@@ -45,5 +46,6 @@ case $1 in
     tail -5 $RUN/geometry.log ;;
   pack)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > $RUN/nvidia-smi.csv
+    python3 bench/h200/beam_cache.py export $RUN/beam_cache.json > /dev/null 2>&1    # the BEAM choices, for the next session
     tar czf "$OUT/run-$(date +%H%M).tgz" -C $RUN --exclude '*.trace.json' . ;;
 esac

@@ -29,6 +29,8 @@ case $1 in
     echo $$ > "$RUN/chain.pid"    # setsid made this shell its session's leader: `stop` ends the session
     export OUT=$RUN/out PYTHONPATH=${SITE:-/tmp/site}:$PWD
     B=bench/h200/brackets.sh
+    # BEAM_CACHE: an earlier session's BEAM choices (its pack's beam_cache.json), so the start route's search is warm
+    [ -n "${BEAM_CACHE:-}" ] && CACHEDB=${CACHEDB:-/tmp/tinygrad_cache.db} python3 bench/h200/beam_cache.py import "$BEAM_CACHE"
     on=${START_ROUTE:-bench/h200/searched/split/route.json} base=$RUN/searched.trace.json; start_on=$on
     [ -n "${SKIP_GEOMETRY:-}" ] || bash $B geometry
     LIMIT=${ROUTE_LIMIT:-900} bash $B route searched --route "$on"    # a cold BEAM took 376-502 s
