@@ -359,15 +359,18 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
         assert np.abs(got - want).max() < 1e-5, p
 
 
-@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk, wide", [
-    (2, 2, 8, 24, 8, False),
-    (1, 4, 16, 20, 16, False),      # the cache's last chunk runs past its end
-    (2, 2, 16, 64, 32, False),      # every output in one round: the threads past them write to a spill slot
-    (2, 2, 16, 24, 8, True),        # wide: a key row two loads of eight, each thread two dimensions of values
-    (1, 4, 32, 20, 8, True),        # four dimensions a thread; the last chunk past the cache's end
-    (2, 2, 8, 40, 16, True),        # a chunk wider than a head: half its threads take no dimension
+@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk, wide, unrolled", [
+    (2, 2, 8, 24, 8, False, False),
+    (1, 4, 16, 20, 16, False, False),      # the cache's last chunk runs past its end
+    (2, 2, 16, 64, 32, False, False),      # every output in one round: the threads past them write to a spill slot
+    (2, 2, 16, 24, 8, True, False),        # wide: a key row two loads of eight, each thread two dimensions of values
+    (1, 4, 32, 20, 8, True, False),        # four dimensions a thread; the last chunk past the cache's end
+    (2, 2, 8, 40, 16, True, False),        # a chunk wider than a head: half its threads take no dimension
+    (1, 4, 32, 20, 8, True, True),         # unrolled: every load of a key row and of a chunk's values at once
+    (2, 2, 8, 40, 16, True, True),
 ])
-def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, wide):
+def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, wide,
+                                                               unrolled):
     """The two generated kernels (partials through local memory, then the combine), under the JIT with the
     position a variable and the cache written in the same graph, as tinygrad.llm's decode step does: on
     tinygrad's PYTHON device, which runs thread groups, local memory and barriers (and vector loads)."""
@@ -380,7 +383,7 @@ def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, 
     @TinyJit
     def step(q, x, p):
         written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
-        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide).realize()
+        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide, unrolled).realize()
 
     for p in (0, 1, chunk - 1, chunk, positions - 1):
         q = Tensor.randn(1, kv_heads * group, 1, head_dim, device=dev).realize()
@@ -526,13 +529,13 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide]")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged, carried, kernel and wide"
+    keys = "keys chunk, staged, carried, kernel, wide and unrolled"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
-        ("32", "a table (chunk, staged, carried, kernel, wide)"),
-        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide true or false")))
+        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):

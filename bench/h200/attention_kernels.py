@@ -1,8 +1,8 @@
-"""The generated decode-attention kernels alone, narrow and wide, at a model's attention shape: each form's
+"""The generated decode-attention kernels alone, narrow, wide and wide unrolled, at a model's attention shape: each form's
 kernels for LAYERS distinct caches (as a token's layers read theirs) in one JIT graph, the position a
 variable as in decode, timed over REPS replays (synchronized, so a replay's launch is in its figure), and
 checked against tinygrad's attention. Not a route: a yardstick for the split attention family's `wide`
-knob before a whole token is judged.
+and `unrolled` knobs before a whole token is judged.
 
     DEV=CUDA python bench/h200/attention_kernels.py OUT.json [KV_HEADS GROUP HEAD_DIM POSITIONS DEPTH LAYERS REPS]
     (defaults: the 8B's 8 key heads of 4 query heads, 128 dimensions, a 4,096-position cache, depth 540
@@ -33,32 +33,31 @@ def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540,
               "device": dev, "python": platform.python_version(), "tinygrad": version("tinygrad"),
               "shape": {"kv_heads": kv_heads, "group": group, "head_dim": head_dim, "positions": positions,
                         "depth": depth, "layers": layers, "reps": reps}, "forms": {}}
-    for chunk in (16, 32):
-        for wide in (False, True):
-            @TinyJit
-            def step(q, x, p):
-                outs = []
-                for cache in caches:          # as decode does: this token's key and value stored, then read
-                    written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
-                    outs.append(decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide))
-                return Tensor.stack(*outs).realize()
-            for _ in range(3):                # capture the graph
-                got = step(q, x, pos.bind(depth))
+    for chunk, wide, unrolled in ((c, w, u) for c in (16, 32) for w, u in ((False, False), (True, False), (True, True))):
+        @TinyJit
+        def step(q, x, p):
+            outs = []
+            for cache in caches:          # as decode does: this token's key and value stored, then read
+                written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
+                outs.append(decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide, unrolled))
+            return Tensor.stack(*outs).realize()
+        for _ in range(3):                # capture the graph
+            got = step(q, x, pos.bind(depth))
+        Device[dev].synchronize()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            step(q, x, pos.bind(depth))
             Device[dev].synchronize()
-            samples = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                step(q, x, pos.bind(depth))
-                Device[dev].synchronize()
-                samples.append((time.perf_counter() - t0) * 1e6 / layers)
-            kv = caches[0].float()             # the first layer against tinygrad's attention, this step's row stored
-            want = q.float().scaled_dot_product_attention(kv[0, :, :, :depth + 1], kv[1, :, :, :depth + 1],
-                                                          enable_gqa=True)
-            error = (got[0].float() - want).abs().max().item()
-            form = f"{chunk}:kernel{':wide' if wide else ''}"
-            record["forms"][form] = {"us_per_layer_median": round(statistics.median(samples), 2),
-                                     "us_per_layer_samples": [round(s, 2) for s in samples], "max_abs_error": error}
-            print(form, record["forms"][form]["us_per_layer_median"], "µs a layer; max error", error, flush=True)
+            samples.append((time.perf_counter() - t0) * 1e6 / layers)
+        kv = caches[0].float()             # the first layer against tinygrad's attention, this step's row stored
+        want = q.float().scaled_dot_product_attention(kv[0, :, :, :depth + 1], kv[1, :, :, :depth + 1],
+                                                      enable_gqa=True)
+        error = (got[0].float() - want).abs().max().item()
+        form = f"{chunk}:kernel{':wide' if wide else ''}{':unrolled' if unrolled else ''}"
+        record["forms"][form] = {"us_per_layer_median": round(statistics.median(samples), 2),
+                                 "us_per_layer_samples": [round(s, 2) for s in samples], "max_abs_error": error}
+        print(form, record["forms"][form]["us_per_layer_median"], "µs a layer; max error", error, flush=True)
     with open(out, "w") as f:
         json.dump(record, f, indent=1)
 

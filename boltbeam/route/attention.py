@@ -57,6 +57,7 @@ class Split:
     carried: bool = False
     kernel: bool = False
     wide: bool = False
+    unrolled: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
@@ -68,7 +69,7 @@ class Split:
                            f"{', '.join(KNOBS)} true or false (spaces.toml, family {SPACE})")
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
-                           f"kernel takes neither; wide shapes the generated kernel alone")
+                           f"kernel takes neither; wide shapes the generated kernel alone, unrolled its wide form")
 
     @property
     def flag(self) -> str:
@@ -76,23 +77,25 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried] or CHUNK:kernel[:wide] (profile --split-attention)."""
+        """CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]] (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel[:wide], e.g. "
-                           f"32, 32:staged:carried or 32:kernel:wide")
+            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]], "
+                           f"e.g. 32, 32:staged:carried or 32:kernel:wide:unrolled")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
     @staticmethod
     def admits(values: dict[str, int]) -> bool:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
+        if values.get("unrolled") and not values.get("wide"):
+            return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
         return not values.get("wide")
 
 
-KNOBS = ("staged", "carried", "kernel", "wide")      # the family's switches, in the flag's order
+KNOBS = ("staged", "carried", "kernel", "wide", "unrolled")      # the family's switches, in the flag's order
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 
 
@@ -147,7 +150,7 @@ def _cache_of(k):
     return Tensor(u)
 
 
-def decode_kernels(q, k, chunk: int, wide: bool = False):
+def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
     UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
     of its query heads and positions; scores and exponentials through local memory; each query head's
@@ -156,7 +159,8 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
     L = position + 1. `wide`: a thread reads its key row WIDE_KEYS halves a load, and for the weighted
     values takes Hd/chunk consecutive dimensions of its query head (its value loads and output stores as
     wide; no thread idle, no output gated); each chunk's sum goes to a buffer of its own, and the combine
-    sums values and denominators in one pass over the chunks."""
+    sums values and denominators in one pass over the chunks. `unrolled` (with wide): the partials' reductions
+    over a key row and over a chunk's positions are written out in full, so a thread's loads go out together."""
     import math
     from tinygrad import Tensor, UOp, dtypes
     from tinygrad.dtype import AddrSpace
@@ -177,6 +181,9 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
     n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
     scale = 1.0 / math.sqrt(Hd)
     reduce = lambda size, axis: UOp.range(size, axis, AxisType.REDUCE)    # (size may be the grid's n)
+    # unrolled: the partials' reductions over a key row and over a chunk's positions written out in full, so a
+    # thread issues all their loads at once (a loop waits on each load before the next: latency, not bytes)
+    over_thread = (lambda size, axis: UOp.range(size, axis, AxisType.UNROLL)) if unrolled else reduce
 
     def partials(*bufs):
         flat = [b.flatten() for b in bufs]
@@ -186,7 +193,7 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
         live = lambda j: c * chunk + j < L
         at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
         if wide:                                      # a vector of WIDE_KEYS, as the compiler unrolls it
-            e, ek = reduce(Hd // WIDE_KEYS, 0), UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
+            e, ek = over_thread(Hd // WIDE_KEYS, 0), UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
             dk, over = e * WIDE_KEYS + ek, (e, ek)
         else:
             dk = reduce(Hd, 0)
@@ -196,24 +203,25 @@ def decode_kernels(q, k, chunk: int, wide: bool = False):
         s = live(j).where(dot * scale, float("-inf"))
         S = UOp.placeholder((T,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(s)
         S = S.after(S.barrier())
-        jm = reduce(chunk, 1)
+        jm = over_thread(chunk, 1)
         m = S[i * chunk + jm].reduce(jm, arg=Ops.MAX)   # the query head's maximum over the chunk
         E = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(live(j).where((s - m).exp(), 0.0))
         E = E.after(E.barrier())
         # (every thread of a query head holds the same maximum, and the same sum below: right whether or not
         # tinygrad keeps these stores' gate)
         store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
-        jv = reduce(chunk, 3)
+        jv = over_thread(chunk, 3)
         if wide:        # thread (i, j): query head i's dimensions j*per..j*per+per-1 (a chunk wider than a head: j < Hd)
             w = UOp.range(per, 11, AxisType.UPCAST)
             d = j * per + w
             value = KV[at(1, jv, d).valid(live(jv) & (d < Hd))].cast(dtypes.float)
             o = (E[i * chunk + jv] * value).reduce(jv, arg=Ops.ADD)
             store_o = O[((g * G + i) * C + c) * W + d].store(o).end(w)     # (d >= Hd: a column no one reads)
-            jz = reduce(chunk, 4)
+            jz = over_thread(chunk, 4)
             store_z = Z[((g * G + i) * C + c).valid(j.eq(0))].store(E[i * chunk + jz].reduce(jz, arg=Ops.ADD))
             return UOp.sink(store_o, store_m, store_z,
-                            arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_wide", opts_to_apply=()))
+                            arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_wide{'_unrolled' if unrolled else ''}",
+                                           opts_to_apply=()))
         r = UOp.range(-(-G * W // T), 2)                 # the group's G x W outputs, T at a time
         u = t + r * T
         inside = u < G * W
@@ -290,7 +298,7 @@ def _split_decode_attention(split: Split, total: int, taken):
                 and (q.shape[0] == 1 or not split.kernel):
             taken()
             if split.kernel:
-                return decode_kernels(q, k, split.chunk, split.wide)
+                return decode_kernels(q, k, split.chunk, split.wide, split.unrolled)
             return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 

@@ -191,10 +191,11 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     # groups than multiprocessors leave some idle: FutureSight's share term).
     width = split.chunk * (f.heads // max(1, f.kv_heads)) if split.kernel else target.fact("thread_group_width")
     grouped = {"local": int(width or 1)}
-    if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width
+    if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
+        # unrolled, a thread's whole key row at once
         load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
-        cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, cal.bytes_in_flight_per_thread * load
-                                                                       // LOAD_BYTES))
+        in_flight = f.head_dim * KV_BYTES if split.unrolled else cal.bytes_in_flight_per_thread * load // LOAD_BYTES
+        cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
     return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
