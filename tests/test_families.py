@@ -261,14 +261,16 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
     h200, cal = get_target("h200"), Calibration()
     chunks = (16, 32, 64, 128, 256)
-    assert {s.flag for s in choose.SPLIT.space(h200)[0]} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged")
-                                                             for ca in ("", ":carried")} | {f"{c}:kernel{w}" for c in chunks
-                                                                                            for w in ("", ":wide")}
+    legal, rejected = choose.SPLIT.space(h200)
+    assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
+        | {f"{c}:kernel{w}" for c in chunks for w in ("", ":wide")} | {f"{c}:kernel:wide:unrolled" for c in chunks[:-1]}
+    # unrolled, a thread holds a chunk's loads of values at once: 256 positions are more than its 255 registers
+    assert any("registers_per_thread" in why for why in rejected)
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
     settings, rejected = choose.SPLIT.space(host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
-    assert rejected == {"the target declares no max_threads_per_group": 40}
+    assert rejected["the target declares no max_threads_per_group"] == 80 and len(rejected) == 2   # (and registers)
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -293,6 +295,12 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     # Wide, the same bytes and kernels, each load WIDE_KEYS values: more in flight a thread (Little's law).
     wide = choose.split_prediction(census, attention.Split(32, kernel=True, wide=True), 40, h200, cal)
     assert (wide.bytes, wide.kernels) == (kernel.bytes, kernel.kernels) and wide.memory_us < kernel.memory_us
+    # Unrolled, a thread's whole key row in flight at once.
+    unrolled = choose.split_prediction(census, attention.Split(32, kernel=True, wide=True, unrolled=True), 40, h200, cal)
+    assert (unrolled.bytes, unrolled.kernels) == (wide.bytes, wide.kernels) and unrolled.memory_us < wide.memory_us
+    with pytest.raises(BadInput, match="unrolled its wide form"):
+        attention.Split(32, kernel=True, unrolled=True)
+    assert attention.Split.parse("32:kernel:wide:unrolled") == attention.Split(32, kernel=True, wide=True, unrolled=True)
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
