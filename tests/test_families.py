@@ -550,11 +550,9 @@ def test_search_judges_constants_once_whole(tiny_model, tmp_path):
     """search --family constants_once: its one setting judged on the whole token against the route without
     it (here tinygrad's own); a route that already computes its constants once is refused."""
     from boltbeam.measure import route as routes
-    from tests.test_search import CPU_TARGETS, _ok, _run
+    from tests.test_search import _ok, _run, whole_search_cmd
     out = tmp_path / "once"
-    cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
-           "--targets", CPU_TARGETS, "--family", "constants_once", "--context", "4", "--tokens", "5",
-           "--ledger", str(tmp_path / "ledger.sqlite"), "--json"]
+    cmd = whole_search_cmd(tiny_model, "constants_once", tmp_path / "ledger.sqlite")
     summary = json.loads(_ok(_run([*cmd, "--out", str(out)])).stdout)
     (only,) = summary["candidates"]
     assert only["setting"] == "once" and only["verdict"] in VERDICTS and only["predicted_bytes"] == 0

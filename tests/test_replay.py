@@ -1,7 +1,6 @@
 """Direct replay on CPU: the decode token's host step without re-preparing the captured JIT's inputs, copying
 the token or lowering its read-back; the same greedy tokens as tinygrad's own generate on a real model."""
 import json
-import sys
 
 import pytest
 
@@ -67,7 +66,7 @@ def test_read_token_reads_the_buffer_or_falls_back_to_item():
 
 def test_profile_and_search_with_direct_replay(tiny_model, tmp_path):
     from boltbeam.measure import route as routes
-    from tests.test_search import CPU_TARGETS, _ok, _run
+    from tests.test_search import _ok, _run, whole_search_cmd
     default = profile(tiny_model, tmp_path / "default.json", "--context", "4", "--tokens", "2")
     direct = profile(tiny_model, tmp_path / "direct.json", "--context", "4", "--tokens", "2", "--direct-replay")
     fam = direct.route["settings"]["families"]["direct-replay"]
@@ -76,10 +75,8 @@ def test_profile_and_search_with_direct_replay(tiny_model, tmp_path):
     assert direct.output_tokens == default.output_tokens
     assert [k.name for k in direct.kernels_of_token(0)] == [k.name for k in default.kernels_of_token(0)]   # same kernels
     out = tmp_path / "search"
-    cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
-           "--targets", CPU_TARGETS, "--family", "direct_replay", "--context", "4", "--tokens", "5",
-           "--ledger", str(tmp_path / "ledger.sqlite"), "--json"]
-    summary = json.loads(_ok(_run([*cmd, "--out", str(out)])).stdout)
+    summary = json.loads(_ok(_run([*whole_search_cmd(tiny_model, "direct_replay", tmp_path / "ledger.sqlite"), "--out",
+                                   str(out)])).stdout)
     (only,) = summary["candidates"]
     assert only["setting"] == "direct" and only["verdict"] in VERDICTS and only["predicted_terms"] == ["host time only"]
     if summary["chosen"]:

@@ -381,6 +381,13 @@ def search_cmd(model: str, out: Path, ledger: Path, *extra: str) -> list[str]:
             "--out", str(out), "--json", *extra]
 
 
+def whole_search_cmd(model: str, family: str, ledger: Path) -> list[str]:
+    """`boltbeam search` of one whole-token family on the CPU's target at a short depth (the caller adds --out)."""
+    return [sys.executable, "-m", "boltbeam", "search", model, "--device", "CPU", "--target", "host-like",
+            "--targets", CPU_TARGETS, "--family", family, "--context", "4", "--tokens", "5", "--ledger", str(ledger),
+            "--json"]
+
+
 def profile_cmd(model: str, route: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "boltbeam", "profile", model, "--device", "CPU", "--context", "8",
             "--tokens", "2", "--route", route, "--out", str(out), "--json"]

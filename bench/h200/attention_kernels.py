@@ -9,7 +9,6 @@ and `unrolled` knobs before a whole token is judged.
     (512 + the prompt), 36 layers, 50 replays; on the CPU: DEV=PYTHON with small numbers, e.g. 2 2 16 64 40 2 2)
 """
 import json
-import os
 import platform
 import statistics
 import sys
