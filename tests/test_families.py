@@ -514,7 +514,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
                                                      "carried" in judged["setting"])))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
-                                                                       "kernel": False, "wide": False, "applied": 2, "eligible": 2,
+                                                                       "kernel": False, "wide": False, "unrolled": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
@@ -534,7 +534,8 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide shapes the generated kernel alone")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide[:unrolled]]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
     keys = "keys chunk, staged, carried, kernel, wide and unrolled"
