@@ -263,14 +263,16 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     chunks = (16, 32, 64, 128, 256)
     legal, rejected = choose.SPLIT.space(h200)
     assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
-        | {f"{c}:kernel{w}" for c in chunks for w in ("", ":wide")} | {f"{c}:kernel:wide:unrolled" for c in chunks[:-1]}
+        | {f"{c}:kernel{w}" for c in chunks for w in ("", ":wide", ":lanes")} \
+        | {f"{c}:kernel:wide:unrolled" for c in chunks[:-1]}
     # unrolled, a thread holds a chunk's loads of values at once: 256 positions are more than its 255 registers
     assert any("registers_per_thread" in why for why in rejected)
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
     settings, rejected = choose.SPLIT.space(host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
-    assert rejected["the target declares no max_threads_per_group"] == 80 and len(rejected) == 2   # (and registers)
+    # (the kernel half of the 5 x 2^6 value sets; and the registers rule)
+    assert rejected["the target declares no max_threads_per_group"] == 160 and len(rejected) == 2
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -301,6 +303,25 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     with pytest.raises(BadInput, match="unrolled its wide form"):
         attention.Split(32, kernel=True, unrolled=True)
     assert attention.Split.parse("32:kernel:wide:unrolled") == attention.Split(32, kernel=True, wide=True, unrolled=True)
+    # Lanes: a thread for each query head and dimension (head size / chunk threads a key row), the combine four
+    # threads a dimension; more threads, each with a run of chunk keys in flight.
+    lanes = attention.Split(16, kernel=True, lanes=True)
+    assert attention.scheduled(lanes, f.heads, f.kv_heads, f.head_dim, 64, 40) == (
+        attention.Scheduled(f.heads * 3 * f.head_dim, True), attention.Scheduled(f.heads * f.head_dim * 4, False))
+    sight = choose.split_prediction(census, lanes, 40, h200, cal)
+    wide16 = choose.split_prediction(census, attention.Split(16, kernel=True, wide=True), 40, h200, cal)
+    assert (sight.bytes, sight.kernels) == (wide16.bytes, wide16.kernels) and sight.memory_us < wide16.memory_us
+    assert attention.Split.parse("16:kernel:lanes") == lanes
+    for flag in ("16:kernel:wide:lanes", "16:lanes"):
+        with pytest.raises(BadInput, match="one or the other"):
+            attention.Split.parse(flag)
+    # A chunk longer than the head (or not a run of whole loads) is the model's to rule out, not the chip's.
+    assert choose.SPLIT.unfit(census, lanes) is None and choose.SPLIT.unfit(census, attention.Split(16)) is None
+    longer = attention.Split(2 * f.head_dim, kernel=True, lanes=True)
+    assert "multiple of the chunk" in choose.SPLIT.unfit(census, longer)
+    from tinygrad import Tensor
+    with pytest.raises(BadInput, match="multiple of the chunk"):     # before the kernels are built
+        attention.decode_kernels(Tensor.empty(1, 4, 1, 16), Tensor.empty(1, 2, 8, 16), 32, lanes=True)
 
 
 def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
@@ -367,18 +388,21 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
         assert np.abs(got - want).max() < 1e-5, p
 
 
-@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk, wide, unrolled", [
-    (2, 2, 8, 24, 8, False, False),
-    (1, 4, 16, 20, 16, False, False),      # the cache's last chunk runs past its end
-    (2, 2, 16, 64, 32, False, False),      # every output in one round: the threads past them write to a spill slot
-    (2, 2, 16, 24, 8, True, False),        # wide: a key row two loads of eight, each thread two dimensions of values
-    (1, 4, 32, 20, 8, True, False),        # four dimensions a thread; the last chunk past the cache's end
-    (2, 2, 8, 40, 16, True, False),        # a chunk wider than a head: half its threads take no dimension
-    (1, 4, 32, 20, 8, True, True),         # unrolled: every load of a key row and of a chunk's values at once
-    (2, 2, 8, 40, 16, True, True),
+@pytest.mark.parametrize("kv_heads, group, head_dim, positions, chunk, form", [
+    (2, 2, 8, 24, 8, ""),
+    (1, 4, 16, 20, 16, ""),              # the cache's last chunk runs past its end
+    (2, 2, 16, 64, 32, ""),              # every output in one round: the threads past them write to a spill slot
+    (2, 2, 16, 24, 8, "wide"),           # wide: a key row two loads of eight, each thread two dimensions of values
+    (1, 4, 32, 20, 8, "wide"),           # four dimensions a thread; the last chunk past the cache's end
+    (2, 2, 8, 40, 16, "wide"),           # a chunk wider than a head: half its threads take no dimension
+    (1, 4, 32, 20, 8, "wide:unrolled"),  # unrolled: every load of a key row and of a chunk's values at once
+    (2, 2, 8, 40, 16, "wide:unrolled"),
+    (2, 2, 16, 24, 8, "lanes"),          # lanes: two threads a key row, a thread a query head's dimension
+    (1, 4, 32, 20, 8, "lanes"),          # four threads a key row; the last chunk past the cache's end
+    (2, 2, 16, 40, 16, "lanes"),         # one thread a key row; the combine's four lanes, some with no chunk
+    (1, 2, 8, 264, 8, "lanes"),          # the combine: more chunks than threads (33 of 32), several a lane
 ])
-def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, wide,
-                                                               unrolled):
+def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, form):
     """The two generated kernels (partials through local memory, then the combine), under the JIT with the
     position a variable and the cache written in the same graph, as tinygrad.llm's decode step does: on
     tinygrad's PYTHON device, which runs thread groups, local memory and barriers (and vector loads)."""
@@ -391,7 +415,8 @@ def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, 
     @TinyJit
     def step(q, x, p):
         written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
-        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide, unrolled).realize()
+        return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, "wide" in form, "unrolled" in form,
+                              "lanes" in form).realize()
 
     for p in (0, 1, chunk - 1, chunk, positions - 1):
         q = Tensor.randn(1, kv_heads * group, 1, head_dim, device=dev).realize()
@@ -514,7 +539,8 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
                                                      "carried" in judged["setting"])))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
-                                                                       "kernel": False, "wide": False, "unrolled": False, "applied": 2, "eligible": 2,
+                                                                       "kernel": False, "wide": False, "unrolled": False, "lanes": False,
+                                                                       "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
@@ -533,18 +559,18 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide shapes the generated kernel alone")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide and lanes shape the generated kernel alone")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide[:unrolled]]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged, carried, kernel, wide and unrolled"
+    keys = "keys chunk, staged, carried, kernel, wide, unrolled and lanes"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
-        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled)"),
-        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled true or false")))
+        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled, lanes)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled, lanes true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):

@@ -1,14 +1,17 @@
-"""The generated decode-attention kernels alone, narrow, wide and wide unrolled, at a model's attention shape: each form's
+"""The generated decode-attention kernels alone, in the forms FORMS names, at a model's attention shape: each form's
 kernels for LAYERS distinct caches (as a token's layers read theirs) in one JIT graph, the position a
 variable as in decode, timed over REPS replays (synchronized, so a replay's launch is in its figure), and
-checked against tinygrad's attention. Not a route: a yardstick for the split attention family's `wide`
-and `unrolled` knobs before a whole token is judged.
+checked against tinygrad's attention. Not a route: a yardstick for the split attention family's kernel
+forms before a whole token is judged (under Nsight Compute, each kernel's own time).
 
-    DEV=CUDA python bench/h200/attention_kernels.py OUT.json [KV_HEADS GROUP HEAD_DIM POSITIONS DEPTH LAYERS REPS]
-    (defaults: the 8B's 8 key heads of 4 query heads, 128 dimensions, a 4,096-position cache, depth 540
-    (512 + the prompt), 36 layers, 50 replays; on the CPU: DEV=PYTHON with small numbers, e.g. 2 2 16 64 40 2 2)
+    DEV=CUDA [FORMS="32:kernel:wide 32:kernel:lanes"] python bench/h200/attention_kernels.py OUT.json \
+        [KV_HEADS GROUP HEAD_DIM POSITIONS DEPTH LAYERS REPS]
+    (defaults: every generated form at chunks of 16 and 32 and lanes at 64; the 8B's 8 key heads of 4 query heads,
+    128 dimensions, a 4,096-position cache, depth 540 (512 + the prompt), 36 layers, 50 replays; on the CPU:
+    DEV=PYTHON with small numbers, e.g. FORMS=16:kernel:lanes ... 2 2 16 64 40 2 2)
 """
 import json
+import os
 import platform
 import statistics
 import sys
@@ -18,7 +21,9 @@ from importlib.metadata import version
 
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
-from boltbeam.route.attention import decode_kernels
+from boltbeam.route.attention import Split, decode_kernels
+
+FORMS = [f"{c}:kernel{form}" for c in (16, 32) for form in ("", ":wide", ":wide:unrolled", ":lanes")] + ["64:kernel:lanes"]
 
 
 def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540, layers=36, reps=50) -> None:
@@ -27,18 +32,22 @@ def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540,
     q = Tensor.randn(1, kv_heads * group, 1, head_dim, dtype=dtypes.half).realize()
     x = Tensor.randn(2, 1, kv_heads, 1, head_dim, dtype=dtypes.half).realize()
     pos = UOp.variable("start_pos", 0, positions - 1)
-    record = {"command": f"DEV={dev} python bench/h200/attention_kernels.py {' '.join(sys.argv[1:])}",
+    forms = os.environ.get("FORMS", " ".join(FORMS)).split()
+    record = {"command": f"DEV={dev} FORMS='{' '.join(forms)}' python bench/h200/attention_kernels.py {' '.join(sys.argv[1:])}",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
               "device": dev, "python": platform.python_version(), "tinygrad": version("tinygrad"),
               "shape": {"kv_heads": kv_heads, "group": group, "head_dim": head_dim, "positions": positions,
                         "depth": depth, "layers": layers, "reps": reps}, "forms": {}}
-    for chunk, wide, unrolled in ((c, w, u) for c in (16, 32) for w, u in ((False, False), (True, False), (True, True))):
+    for form in forms:
+        split = Split.parse(form)
+
         @TinyJit
         def step(q, x, p):
             outs = []
             for cache in caches:          # as decode does: this token's key and value stored, then read
                 written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
-                outs.append(decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, wide, unrolled))
+                outs.append(decode_kernels(q, written[0, :, :, 0:p + 1, :], split.chunk, split.wide, split.unrolled,
+                                           split.lanes))
             return Tensor.stack(*outs).realize()
         for _ in range(3):                # capture the graph
             got = step(q, x, pos.bind(depth))
@@ -53,7 +62,6 @@ def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540,
         want = q.float().scaled_dot_product_attention(kv[0, :, :, :depth + 1], kv[1, :, :, :depth + 1],
                                                       enable_gqa=True)
         error = (got[0].float() - want).abs().max().item()
-        form = f"{chunk}:kernel{':wide' if wide else ''}{':unrolled' if unrolled else ''}"
         record["forms"][form] = {"us_per_layer_median": round(statistics.median(samples), 2),
                                  "us_per_layer_samples": [round(s, 2) for s in samples], "max_abs_error": error}
         print(form, record["forms"][form]["us_per_layer_median"], "µs a layer; max error", error, flush=True)

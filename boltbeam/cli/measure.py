@@ -65,13 +65,15 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--direct-replay", action="store_true", help="replay the captured decode graphs directly: each "
                    "token's inputs prepared once, the token fed back uncopied and read from its buffer, where tinygrad "
                    "prepares, copies and lowers again every token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]]", help="decode attention "
+    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]]|CHUNK:kernel:lanes",
+                   help="decode attention "
                    "split over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; "
                    "`:staged` writes each chunk's partial results to buffers of their own before the combine; `:carried` "
                    "sums the exponentials as a column of ones beside the values (two reductions fewer a layer); `:kernel` "
                    "writes the split as two kernels generated at tinygrad's UOp level (needs thread groups with local "
                    "memory); `:wide` has them read a key row eight halves a load and a run of value dimensions a thread; `:unrolled` "
-                   "(after :wide) writes their loops over a key row and a chunk's positions out in full")
+                   "(after :wide) writes their loops over a key row and a chunk's positions out in full; `:lanes` (instead "
+                   "of :wide) runs them a thread a query head's dimension, head size / CHUNK threads a key row")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
                    "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
@@ -145,15 +147,15 @@ def layout_of(flag: str | None, from_route: dict[str, str] | None):
 
 def split_of(flag: str | None, from_route: dict[str, Any] | None):
     """The split-attention setting to build, from --split-attention or the route file; None when off."""
-    from boltbeam.route.attention import Split
+    from boltbeam.route.attention import KNOBS, Split
     if flag is not None:
         return Split.parse(flag)
     if from_route is None:
         return None
-    # (carried, kernel, wide and unrolled came after the first routes were written: a route without them runs them off)
-    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", "staged", "carried", "kernel", "wide", "unrolled"}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, staged, carried, kernel, wide "
-                       f"and unrolled")
+    # (the knobs after staged came after the first routes were written: a route without them runs them off)
+    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", *KNOBS}:
+        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, {', '.join(KNOBS[:-1])} "
+                       f"and {KNOBS[-1]}")
     return Split(**from_route)
 
 

@@ -50,14 +50,15 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 @dataclass(frozen=True)
 class Split:
     """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
-    sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and
-    whether they read wide."""
+    sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and in
+    which form: narrow, wide (unrolled or not), or lanes (a thread a query head's dimension)."""
     chunk: int
     staged: bool = False
     carried: bool = False
     kernel: bool = False
     wide: bool = False
     unrolled: bool = False
+    lanes: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
@@ -69,7 +70,8 @@ class Split:
                            f"{', '.join(KNOBS)} true or false (spaces.toml, family {SPACE})")
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
-                           f"kernel takes neither; wide shapes the generated kernel alone, unrolled its wide form")
+                           f"kernel takes neither; wide and lanes shape the generated kernel alone, one or the other, "
+                           f"unrolled its wide form")
 
     @property
     def flag(self) -> str:
@@ -77,26 +79,48 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]] (profile --split-attention)."""
+        """CHUNK[:staged][:carried], CHUNK:kernel[:wide[:unrolled]] or CHUNK:kernel:lanes (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
-            raise BadInput(f"--split-attention {flag}: expected CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]], "
-                           f"e.g. 32, 32:staged:carried or 32:kernel:wide:unrolled")
+            raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
+                           f"32:kernel:wide:unrolled or 32:kernel:lanes")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
     @staticmethod
     def admits(values: dict[str, int]) -> bool:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
-        if values.get("unrolled") and not values.get("wide"):
+        if values.get("unrolled") and not values.get("wide") or values.get("wide") and values.get("lanes"):
             return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
-        return not values.get("wide")
+        return not (values.get("wide") or values.get("lanes"))
+
+    def threads(self, group: int, head_dim: int) -> int:
+        """Threads a group of the generated partials, at `group` query heads a key head: a position of the chunk
+        for each query head, or (lanes) a dimension of the head for each."""
+        return group * (head_dim if self.lanes else self.chunk)
+
+    def unfit(self, head_dim: int) -> str | None:
+        """Why a head of `head_dim` dimensions cannot take this setting (None: it can)."""
+        return unfit(self.chunk, head_dim, self.wide, self.lanes)
 
 
-KNOBS = ("staged", "carried", "kernel", "wide", "unrolled")      # the family's switches, in the flag's order
+def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
+    """Why the generated kernel's form cannot take chunks of `chunk` at a head of `head_dim` (None: it can)."""
+    if lanes and (head_dim % chunk or chunk % WIDE_KEYS):
+        return (f"lanes splits a key row among head size / chunk threads, {WIDE_KEYS} keys a load: the head size "
+                f"must be a multiple of the chunk, the chunk of {WIDE_KEYS}")
+    if wide and (head_dim % WIDE_KEYS or (head_dim % chunk and chunk % head_dim)):
+        return (f"wide reads a key row {WIDE_KEYS} keys a load and shares a row of values among a chunk's threads: "
+                f"the head size must be a multiple of {WIDE_KEYS}, and of the chunk or a divisor of it")
+    return None
+
+
+KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes")      # the family's switches, in the flag's order
+FLAG_FORMS = "CHUNK[:staged][:carried], CHUNK:kernel[:wide[:unrolled]] or CHUNK:kernel:lanes"
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
+COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
 
 
 def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
@@ -150,7 +174,7 @@ def _cache_of(k):
     return Tensor(u)
 
 
-def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False):
+def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False, lanes: bool = False):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
     UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
     of its query heads and positions; scores and exponentials through local memory; each query head's
@@ -160,7 +184,10 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False)
     values takes Hd/chunk consecutive dimensions of its query head (its value loads and output stores as
     wide; no thread idle, no output gated); each chunk's sum goes to a buffer of its own, and the combine
     sums values and denominators in one pass over the chunks. `unrolled` (with wide): the partials' reductions
-    over a key row and over a chunk's positions are written out in full, so a thread's loads go out together."""
+    over a key row and over a chunk's positions are written out in full, so a thread's loads go out together.
+    `lanes`: the partials run a thread for each query head and dimension (Hd/chunk threads a key row, their parts
+    summed through local memory; then a thread a dimension of the weighted values): at chunks of 32, four times
+    the wide form's threads, each with a quarter of its steps; the wide form's combine."""
     import math
     from tinygrad import Tensor, UOp, dtypes
     from tinygrad.dtype import AddrSpace
@@ -168,10 +195,9 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False)
     B, H, _, Hd = q.shape
     KvH = k.shape[1]
     G = H // KvH
-    if wide and (Hd % WIDE_KEYS or (Hd % chunk and chunk % Hd)):
-        raise BadInput(f"split attention {chunk}:kernel:wide reads a head of {Hd} dimensions {WIDE_KEYS} keys a load, "
-                       f"and shares a row of values among a chunk's {chunk} threads: {Hd} must be a multiple of "
-                       f"{WIDE_KEYS}, and of {chunk} or a divisor of it")
+    if why := unfit(chunk, Hd, wide, lanes):
+        raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
+    wide = wide or lanes                              # lanes writes the wide form's outputs (each chunk's sums apart)
     per = max(1, Hd // chunk)                         # wide: the value dimensions a thread takes
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
     P = cache.shape[3]
@@ -181,9 +207,53 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False)
     n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
     scale = 1.0 / math.sqrt(Hd)
     reduce = lambda size, axis: UOp.range(size, axis, AxisType.REDUCE)    # (size may be the grid's n)
+
+    def fold(op, size, axis, body, kind=AxisType.REDUCE):
+        """body over a range, reduced by op (body may give several values: each reduced over the one range); a
+        range that can only be one long is its one value (tinygrad takes no such range)."""
+        if (size if isinstance(size, int) else size.vmax) == 1:
+            return body(0)
+        rng = UOp.range(size, axis, kind)
+        out = body(rng)
+        return tuple(v.reduce(rng, arg=op) for v in out) if isinstance(out, tuple) else out.reduce(rng, arg=op)
     # unrolled: the partials' reductions over a key row and over a chunk's positions written out in full, so a
     # thread issues all their loads at once (a loop waits on each load before the next: latency, not bytes)
     over_thread = (lambda size, axis: UOp.range(size, axis, AxisType.UNROLL)) if unrolled else reduce
+
+    def lanes_partials(O, M, Z, Q, KV):
+        """A thread for each query head and dimension: first S = Hd/chunk threads a key row (each a run of eight
+        dimensions in every S*8, so a load instruction of S neighbours reads one stretch of the row) and each
+        position's sum of their parts through local memory; then a query head's thread for each dimension of
+        its weighted values, their sum beside."""
+        O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
+        S = Hd // chunk
+        g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(G * Hd, "lidx0")
+        i, j, s = t // Hd, (t // S) % chunk, t % S         # query head, position, lane of its key row
+        live = lambda j: c * chunk + j < L
+        at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
+        ek = UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
+
+        def run(e):                                       # the lane's e-th run of WIDE_KEYS dimensions
+            dk = (e * S + s) * WIDE_KEYS + ek
+            return (Q[(g * G + i) * Hd + dk].cast(dtypes.float) * KV[at(0, j, dk)].cast(dtypes.float)).reduce(ek, arg=Ops.ADD)
+        part = fold(Ops.ADD, chunk // WIDE_KEYS, 0, run, AxisType.UNROLL)
+        D = UOp.placeholder((G * Hd,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(part)
+        D = D.after(D.barrier())
+        score = live(j).where(fold(Ops.ADD, S, 1, lambda r: D[(t // S) * S + r], AxisType.UNROLL) * scale, float("-inf"))
+        Sc = UOp.placeholder((G * Hd,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(score)
+        Sc = Sc.after(Sc.barrier())
+        row = lambda jj: (i * chunk + jj) * S             # where a query head's position sits in local memory
+        jm = reduce(chunk, 2)
+        m = Sc[row(jm)].reduce(jm, arg=Ops.MAX)           # the query head's maximum over the chunk
+        E = UOp.placeholder((G * Hd,), dtypes.float, 2, AddrSpace.LOCAL)[t].set(live(j).where((score - m).exp(), 0.0))
+        E = E.after(E.barrier())
+        d, jv = t % Hd, reduce(chunk, 3)                  # (one range: the values' sum and the exponentials' in one loop)
+        o = (E[row(jv)] * KV[at(1, jv, d).valid(live(jv))].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)
+        out = (g * G + i) * C + c
+        # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
+        return UOp.sink(O[out * Hd + d].store(o), M[out.valid(d.eq(0))].store(m),
+                        Z[out.valid(d.eq(0))].store(E[row(jv)].reduce(jv, arg=Ops.ADD)),
+                        arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_lanes{S}", opts_to_apply=()))
 
     def partials(*bufs):
         flat = [b.flatten() for b in bufs]
@@ -246,11 +316,44 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False)
         return Y[h * Hd + d].store(out).sink(arg=KernelInfo(name=f"attention_combine_{C}{'_wide' if wide else ''}",
                                                             opts_to_apply=()))
 
+    def lanes_combine(Y, O, M, Z):
+        """A group a query head, COMBINE_LANES threads a dimension, each summing every COMBINE_LANES-th chunk
+        (the chunks' maxima first read a thread a chunk, their maximum through local memory), their sums added
+        through local memory (all of a dimension's threads write the same value), written in the query's type."""
+        Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
+        R = COMBINE_LANES
+        h, t = UOp.special(H, "gidx0"), UOp.special(R * Hd, "lidx0")
+        d, r = t % Hd, t // Hd
+        def chunk_max(k):                               # a thread's chunks for the maximum: t, t + R*Hd, ...
+            cm = t + k * (R * Hd)
+            return (cm < n).where(M[(h * C + cm).valid(cm < n)], float("-inf"))
+        mine = fold(Ops.MAX, -(-C // (R * Hd)), 0, chunk_max)
+        A = UOp.placeholder((R * Hd,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(mine)
+        A = A.after(A.barrier())
+        u = reduce(n, 1)                                 # (slots past R*Hd hold nothing more)
+        top = (u < R * Hd).where(A[u.valid(u < R * Hd)], float("-inf")).reduce(u, arg=Ops.MAX)
+        def sums(k):                                     # a thread's chunks for the sums: r, r + R, ...
+            c = r + k * R
+            w = (c < n).where((M[(h * C + c).valid(c < n)] - top).exp(), 0.0)      # a chunk's share of one softmax
+            return O[((h * C + c) * Hd + d).valid(c < n)] * w, Z[(h * C + c).valid(c < n)] * w
+        acc, z = fold(Ops.ADD, (n + R - 1) // R, 2, sums)
+        B = UOp.placeholder((R * Hd,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(acc)
+        B = B.after(B.barrier())
+        Bz = UOp.placeholder((R * Hd,), dtypes.float, 2, AddrSpace.LOCAL)[t].set(z)
+        Bz = Bz.after(Bz.barrier())
+        rr = UOp.range(R, 3, AxisType.UNROLL)
+        out = B[rr * Hd + d].reduce(rr, arg=Ops.ADD) / Bz[rr * Hd + d].reduce(rr, arg=Ops.ADD)
+        return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=f"attention_combine_{C}_lanes{R}",
+                                                                                 opts_to_apply=()))
+
     O = Tensor.empty(H * C * W + (0 if wide else T), dtype=dtypes.float32, device=q.device)    # narrow: + spill
     M = Tensor.empty(H, C, dtype=dtypes.float32, device=q.device)
     sums = (Tensor.empty(H, C, dtype=dtypes.float32, device=q.device),) if wide else ()
-    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd), cache, fxn=partials)[:2 + len(sums)]
-    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=dtypes.float32, device=q.device), *written, fxn=combine)[0]
+    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd), cache,
+                                   fxn=lanes_partials if lanes else partials)[:2 + len(sums)]
+    # lanes: the combine writes the query's type itself (no kernel of its own to convert the output)
+    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=q.dtype if lanes else dtypes.float32, device=q.device), *written,
+                             fxn=lanes_combine if lanes else combine)[0]
     return Y.reshape(B, H, 1, Hd).cast(q.dtype)
 
 
@@ -267,13 +370,16 @@ def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions:
     """The kernels tinygrad's scheduler makes of one block's decode attention in this setting, at these
     head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run. The
     generated kernels are known by construction: the partials, a thread for each query head and position
-    of the chunks holding one so far (the rest exit), and the combine, a thread an output."""
+    (lanes: dimension) of the chunks holding a position so far (the rest exit), and the combine, a thread an
+    output (lanes: COMBINE_LANES threads an output)."""
     from tinygrad import Context, Device, Tensor, UOp
     from boltbeam.search.compiler import outputs_at
     total = -(-positions // split.chunk) * split.chunk
     if split.kernel:
         live = -(-(min(depth, total - 1) + 1) // split.chunk)
-        return Scheduled(heads * live * split.chunk, True), Scheduled(heads * head_dim, False)
+        threads = split.threads(heads // kv_heads, head_dim)
+        return (Scheduled(kv_heads * live * threads, True),
+                Scheduled(heads * head_dim * (COMBINE_LANES if split.lanes else 1), False))
     with Context(DEV="CPU"):    # on another default device, the bound position would be a kernel and a copy
         cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
         p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
@@ -298,7 +404,7 @@ def _split_decode_attention(split: Split, total: int, taken):
                 and (q.shape[0] == 1 or not split.kernel):
             taken()
             if split.kernel:
-                return decode_kernels(q, k, split.chunk, split.wide, split.unrolled)
+                return decode_kernels(q, k, split.chunk, split.wide, split.unrolled, split.lanes)
             return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 
@@ -314,11 +420,18 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
     times the query heads a key head serves: one line where the device or the model rules it out."""
     from tinygrad import Device
     most = thread_group_limit(f"--split-attention {setting.flag}")
-    group = census.facts.heads // max(1, census.facts.kv_heads)
-    if group * setting.chunk > most:
-        raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {group * setting.chunk} threads a "
-                       f"group ({group} query heads a key head x {setting.chunk} positions); device {Device.DEFAULT} "
-                       f"allows {most}")
+    f = census.facts
+    group = f.heads // max(1, f.kv_heads)
+    threads = setting.threads(group, f.head_dim)
+    if threads > most:
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {threads} threads a group ({group} "
+                       f"query heads a key head x {f.head_dim if setting.lanes else setting.chunk} "
+                       f"{'dimensions' if setting.lanes else 'positions'}); device {Device.DEFAULT} allows {most}")
+    if setting.lanes and f.head_dim * COMBINE_LANES > most:
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with {COMBINE_LANES} threads a "
+                       f"dimension, {f.head_dim * COMBINE_LANES} a group; device {Device.DEFAULT} allows {most}")
+    if why := setting.unfit(f.head_dim):
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} at a head of {f.head_dim} dimensions: {why}")
 
 
 def install(net, census, model_path: str, setting: Split) -> Prepared:

@@ -66,6 +66,7 @@ class WholeToken:
     stored: Callable[[Any], Any]                # a setting as the route file keeps it
     refuses: Callable[[Route | None], str | None] = lambda on: None   # why a route cannot take the family
     admits: Callable[[dict[str, int]], bool] = lambda values: True   # whether spaces.toml's values make a setting
+    unfit: Callable[[Any, Any], str | None] = lambda census, setting: None   # why the model's shape cannot take it
 
     def space(self, target: Target) -> tuple[list, Counter]:
         """BubbleBeam: every setting whose rules hold in the target's facts, and the rest counted by the
@@ -116,7 +117,7 @@ class Choice:
     baseline_median_us: float
     candidates: list[Candidate]
     chosen: Candidate | None
-    rejected: dict[str, int] = field(default_factory=dict)    # BubbleBeam: settings a rule in chip facts rejects, by rule
+    rejected: dict[str, int] = field(default_factory=dict)    # settings a rule in chip facts (BubbleBeam) or the model rejects, by rule
     alone: list[alone_timing.Product] = field(default_factory=list)   # gemv: each product's geometries timed alone
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,12 +190,13 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     # A thread an output, in groups of the chip's thread-group width, as the compiler's heuristics place them;
     # the generated kernel's groups are a chunk's positions times the query heads a key head serves (fewer
     # groups than multiprocessors leave some idle: FutureSight's share term).
-    width = split.chunk * (f.heads // max(1, f.kv_heads)) if split.kernel else target.fact("thread_group_width")
+    width = split.threads(f.heads // max(1, f.kv_heads), f.head_dim) if split.kernel else target.fact("thread_group_width")
     grouped = {"local": int(width or 1)}
     if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
-        # unrolled, a thread's whole key row at once
-        load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
-        in_flight = f.head_dim * KV_BYTES if split.unrolled else cal.bytes_in_flight_per_thread * load // LOAD_BYTES
+        # unrolled, a thread's whole key row at once; lanes, its run of a key row (chunk keys), written out
+        load = KV_BYTES * (attention.WIDE_KEYS if split.wide or split.lanes else 1)
+        in_flight = (f.head_dim * KV_BYTES if split.unrolled else split.chunk * KV_BYTES if split.lanes
+                     else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
@@ -342,7 +344,8 @@ LAYOUT = WholeToken(FAMILY, LAYOUT_LABEL, "layout", layout_setting, layout_predi
                     lambda s: ["--layout", s.flag], asdict)
 SPLIT = WholeToken(attention.SPACE, SPLIT_ATTENTION_LABEL, "split_attention",
                    lambda v: attention.Split(v["chunk"], **{k: bool(v[k]) for k in attention.KNOBS}), split_prediction,
-                   lambda s: ["--split-attention", s.flag], asdict, admits=attention.Split.admits)
+                   lambda s: ["--split-attention", s.flag], asdict, admits=attention.Split.admits,
+                   unfit=lambda census, s: s.unfit(census.facts.head_dim) if s.kernel else None)
 GEMV = WholeToken(gemv.SPACE, GEMV_LABEL, "gemv", lambda v: Geometry(**v), gemv_prediction,
                   lambda s: ["--gemv", s.flag], lambda s: s.stored(), kernel_layout_needed(gemv.SPACE))
 FUSION = WholeToken(fusion.SPACE, FUSION_LABEL, "fusion", lambda v: Fusion(**v), fusion_prediction,
@@ -450,6 +453,9 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     legal, rejected = legal_space(family, target)
     candidates = []     # FutureSight first: on the CPU, before any token runs
     for s in legal:
+        if why := family.unfit(census, s):      # the model's shape, not the chip, rules it out: counted as rejected
+            rejected[f"the model: {why}"] += 1
+            continue
         sight = family.predicted(census, s, context, target, cal, route_on)
         candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
                                     sight.fraction))
