@@ -290,7 +290,8 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
     input's copy replaces them). A generated norm adds RMS_KERNELS_ADDED: tinygrad's two kernels go, but a
     custom kernel's input and output are buffers of their own, so the elementwise work tinygrad fused into
     the norm's kernels and its readers (the residual sum it reads, the cast of its float32 output) runs as
-    kernels beside it."""
+    kernels beside it. Read in place, the attention's output loses its copy where the route runs split
+    attention's generated kernels (one kernel a block whose output projection the layout takes)."""
     if why := kernel_layout_needed(fusion.SPACE)(on):
         raise BadInput(why)
     stack = Setting(**on.layout).stack == "stacked"
@@ -306,6 +307,8 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
     if folded.gated:
         gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and _taken(t)}
         removed += (2 if stack else 1) * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
+    if folded.inplace and (on.split_attention or {}).get("kernel"):     # the attention's output, copied no more
+        removed += sum(t.role == "attn_output" and _taken(t) for t in census.tensors)
     return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
                     ("bandwidth",) + (("kernels removed",) if removed > 0 else ("kernels added",) if removed else ()))
 

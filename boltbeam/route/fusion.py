@@ -20,6 +20,11 @@ With `gated` on, a block's feed-forward, ffn_down(silu(gate(x)) * up(x)) as tiny
 takes the gate's and up's rows straight from the layout kernel's output (one product for a stack): the
 activation and the up product are one kernel, where tinygrad.llm makes the activation contiguous first
 (its own TODO) and a stack's product is copied before its rows are taken, three kernels in all.
+
+With `inplace` on, a product of the generated kernel whose input is another generated kernel's output
+(the attention's, where split attention runs its generated kernels) reads that output where it lies
+(layout.in_place): tinygrad copies any view of a custom kernel's output before another custom kernel
+reads it, one kernel a block.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from boltbeam.errors import BadInput
 from boltbeam.measure.route import FUSION_LABEL
 from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route.layout import LayoutLinear, module_at
+from boltbeam.route.layout import LayoutLinear, layers, module_at
 
 FAMILY = FUSION_LABEL
 SPACE = "fusion"                   # its knobs and their values: data/spaces.toml
@@ -42,6 +47,7 @@ class Fusion:
     norm: int = 0      # RMS norms folded into their readers' products
     gated: int = 0     # a feed-forward's activation and up product in one kernel
     rms: int = 0       # each RMS norm left as one generated kernel
+    inplace: int = 0   # a product reads another generated kernel's output where it lies, uncopied
 
     def __post_init__(self):
         from boltbeam.search.space import check_knobs
@@ -168,13 +174,25 @@ class Norm:
 
 def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
     """Fold every norm whose readers all run the layout's generated kernel into them (`norm`); fuse each
-    dense feed-forward's activation and up product (`gated`)."""
+    dense feed-forward's activation and up product (`gated`); let every product read a generated kernel's
+    output in place (`inplace`)."""
     t0 = time.perf_counter()
     prepared = Prepared(FAMILY, asdict(fusion))
     if fusion.norm:
         _fold_norms(net, census, model_path, prepared)
     if fusion.rms:
         _generate_norms(net, census, model_path, prepared)
+    if fusion.inplace:
+        products = {id(m.planes): m.planes for m in layers(net, census) if m.form == "kernel"}
+        if not products:
+            raise BadInput(f"model {model_path}: --fusion inplace lets the layout's generated kernel read its input in "
+                           f"place; no layer runs it (run with --layout SCALES:kernel[:stacked])")
+        for p in products.values():
+            p.reads_in_place = True
+        prepared.eligible += len(products)
+        prepared.applied += len(products)
+        prepared.notes.append("a product reads its input in place where another generated kernel wrote it (the "
+                              "attention's output, with split attention's generated kernels); the others as before")
     if fusion.gated:
         blocks = getattr(net, "blk", [])
         fused = [b for b in blocks if _dense_feed_forward(b)]

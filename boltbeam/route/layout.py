@@ -128,6 +128,8 @@ class Planes:
     words: bool = False
     geometry: Any | None = None
     thread_groups: bool = False
+    # whether the generated kernel reads an input that another generated kernel wrote where it lies (in_place)
+    reads_in_place: bool = False
     # The generated kernel's last (input, product): the layers of a stack ask for the same product,
     # and a custom kernel's fresh output buffer keeps tinygrad from merging the identical requests.
     memo: Any = field(default=None, repr=False, compare=False)
@@ -272,6 +274,7 @@ class Planes:
             return (low_bits | power).bitcast(dtypes.float) - power.bitcast(dtypes.float)
 
         def kernel(y, x, low, *rest):
+            x = x.flatten()             # (n x cols, or the generated kernel's output that holds them in order)
             high = rest[0] if self.high is not None else None
             scale = rest[1 if self.high is not None else 0]
             offset = rest[2 if self.high is not None else 1] if self.offset is not None else None
@@ -279,7 +282,8 @@ class Planes:
             sums = rest[-1] if once else None
             b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
             g = reduce((groups, 2))
-            xin = (lambda c: x[b, c] * weight[c].cast(dtypes.float)) if norm is not None else (lambda c: x[b, c])
+            xin = (lambda c: x[b * self.cols + c] * weight[c].cast(dtypes.float)) if norm is not None else (
+                lambda c: x[b * self.cols + c])
             value = word_value if self.words else byte_value
             v, c, inner_ranges = value(low, high, r, g)
             inner = (v * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
@@ -296,7 +300,8 @@ class Planes:
             out = term.reduce(g, arg=Ops.ADD)
             if norm is not None:
                 k = reduce((self.group, 6))
-                squares = (x[b, g * self.group + k] * x[b, g * self.group + k]).reduce(k, arg=Ops.ADD).reduce(g, arg=Ops.ADD)
+                at = b * self.cols + g * self.group + k
+                squares = (x[at] * x[at]).reduce(k, arg=Ops.ADD).reduce(g, arg=Ops.ADD)
                 out = out * (squares * (1.0 / self.cols) + norm.eps).sqrt().reciprocal()
             opts = None
             if self.words and self.geometry is not None:
@@ -313,9 +318,29 @@ class Planes:
             xw = x.float() * norm.weight.float() if norm is not None else x.float()
             group_sums = [xw.reshape(n, groups, self.group).sum(-1)]
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
-        ins = [x.float(), self.low, *([self.high] if self.high is not None else []), self.scale,
+        source = in_place(x) if self.reads_in_place else None
+        ins = [x.float() if source is None else source, self.low, *([self.high] if self.high is not None else []), self.scale,
                *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else []), *group_sums]
         return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
+
+
+def in_place(x):
+    """The float32 output of another generated kernel that x is, below reshapes and permutes that move only
+    axes of one (its elements in the same order), or None: tinygrad copies any view of a custom kernel's
+    output before another custom kernel reads it (a kernel a token for each such product), and the product's
+    kernel indexes its input flat, so it can read that output where it lies."""
+    from tinygrad import Tensor, dtypes
+    from tinygrad.uop.ops import Ops
+    u = x.uop
+    while u.op in (Ops.RESHAPE, Ops.PERMUTE):
+        if u.op is Ops.PERMUTE:
+            moved = [a for a in u.arg if u.src[0].shape[a] != 1]
+            if moved != sorted(moved):
+                return None
+        u = u.src[0]
+    if u.op is Ops.AFTER and any(s.op is Ops.CALL for s in u.src) and u.dtype == dtypes.float32:
+        return Tensor(u)
+    return None
 
 
 def _unpack(packed, width: int):
