@@ -83,7 +83,8 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "--layout ...:kernel), knobs joined by '+': `norm` folds each RMS norm whose every reader runs that "
                    "kernel into those products; `gated` makes a dense feed-forward's activation times up one kernel, "
                    "reading gate and up from that kernel's output uncopied; `rms` runs each RMS norm left as one "
-                   "generated kernel (needs thread groups with local memory) (spaces.toml, family fusion)")
+                   "generated kernel (needs thread groups with local memory); `inplace` has a product read another "
+                   "generated kernel's output (the attention's) where it lies, not a copy (spaces.toml, family fusion)")
 
 
 def _route_of(args: argparse.Namespace, model: str):
