@@ -160,16 +160,18 @@ def split_of(flag: str | None, from_route: dict[str, Any] | None):
     return Split(**from_route)
 
 
-def knobs_of(kind, flag: str | None, from_route: dict[str, int] | None, what: str):
-    """A family's setting of dataclass `kind` from its flag or the route file's table `what`; None when off."""
+def knobs_of(kind, flag: str | None, from_route: dict[str, int] | None, what: str, later: tuple[str, ...] = ()):
+    """A family's setting of dataclass `kind` from its flag or the route file's table `what`; None when off.
+    The knobs in `later` came after the first routes were written: a route without them runs them off."""
     import dataclasses
     if flag is not None:
         return kind.parse(flag)
     if from_route is None:
         return None
     keys = [f.name for f in dataclasses.fields(kind)]
-    if set(from_route) != set(keys):
-        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(keys)}")
+    if not set(keys) - set(later) <= set(from_route) <= set(keys):
+        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(k for k in keys if k not in later)}"
+                       + (f" (and {', '.join(later)}, which may be left out)" if later else ""))
     return kind(**from_route)
 
 
@@ -183,7 +185,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
     from boltbeam.route import fusion, gemv
     geometry = gemv.setting_of(args.gemv, route[1].gemv if route else None, f"route {route[0]}" if route else "route")
-    folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion")
+    folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion", fusion.LATER)
     replayed = args.direct_replay or bool(route and route[1].direct_replay)
     prepare = families_of(layout, constants, split, geometry, folded, replayed)
     from boltbeam.measure.tinygrad_run import profile

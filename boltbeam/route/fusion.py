@@ -70,6 +70,7 @@ class Fusion:
 
 
 FIELDS = tuple(f.name for f in fields(Fusion))    # its knobs, in the flag's order
+LATER = ("inplace",)      # knobs that came after the first route files: a route without them runs them off
 
 
 class Normed:
