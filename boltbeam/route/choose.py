@@ -194,7 +194,7 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
     grouped = {"local": int(width or 1)}
     if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
         # unrolled, a thread's whole key row at once; lanes, its run of a key row (chunk keys), written out
-        load = KV_BYTES * (attention.WIDE_KEYS if split.wide or split.lanes else 1)
+        load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
         in_flight = (f.head_dim * KV_BYTES if split.unrolled else split.chunk * KV_BYTES if split.lanes
                      else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
