@@ -28,6 +28,12 @@ in turn, and the group writes each query head's maximum and weighted values with
 them; a second kernel combines the chunks. The position comes in as the decode graph's own variable
 and the cache with the store that wrote this token's key and value, so the kernels read it after.
 
+`rotary`, with the generated kernels, runs a decode step's query and key norms, rotary step and store of
+the key and value into the cache as one more kernel generated at tinygrad's UOp level (route/rotary.py)
+in place of tinygrad's four or five, its query read in place by the partials (tinygrad copies any view of
+a custom kernel's output another custom kernel reads, and the cache whole where one kernel reads two views
+of it: the generated kernels read both where they lie).
+
 It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
 query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
 not by the block's class or the model.
@@ -42,6 +48,8 @@ from dataclasses import asdict, dataclass
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
 from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
+from boltbeam.route import rotary
+from boltbeam.route.layout import in_place
 
 FAMILY = SPLIT_ATTENTION_LABEL
 SPACE = "split_attention"           # its knob's values: data/spaces.toml
@@ -51,7 +59,8 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 class Split:
     """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
     sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and in
-    which form: narrow, wide (unrolled or not), or lanes (a thread a query head's dimension)."""
+    which form: narrow, wide (unrolled or not), or lanes (a thread a query head's dimension); and whether the
+    query and key norms, the rotary step and the cache store run as one generated kernel before them."""
     chunk: int
     staged: bool = False
     carried: bool = False
@@ -59,6 +68,7 @@ class Split:
     wide: bool = False
     unrolled: bool = False
     lanes: bool = False
+    rotary: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
@@ -71,7 +81,7 @@ class Split:
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
                            f"kernel takes neither; wide and lanes shape the generated kernel alone, one or the other, "
-                           f"unrolled its wide form")
+                           f"unrolled its wide form; rotary runs before the generated kernel alone")
 
     @property
     def flag(self) -> str:
@@ -79,18 +89,19 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried], CHUNK:kernel[:wide[:unrolled]] or CHUNK:kernel:lanes (profile --split-attention)."""
+        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary] (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
             raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
-                           f"32:kernel:wide:unrolled or 32:kernel:lanes")
+                           f"32:kernel:wide:unrolled or 32:kernel:lanes:rotary")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
     @staticmethod
     def admits(values: dict[str, int]) -> bool:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
-        if values.get("unrolled") and not values.get("wide") or values.get("wide") and values.get("lanes"):
+        if values.get("unrolled") and not values.get("wide") or values.get("wide") and values.get("lanes") \
+                or values.get("rotary") and not values.get("kernel"):
             return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
@@ -117,8 +128,8 @@ def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
     return None
 
 
-KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes")      # the family's switches, in the flag's order
-FLAG_FORMS = "CHUNK[:staged][:carried], CHUNK:kernel[:wide[:unrolled]] or CHUNK:kernel:lanes"
+KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "rotary")    # the family's switches, in the flag's order
+FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary]"
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
 
@@ -349,7 +360,8 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
     O = Tensor.empty(H * C * W + (0 if wide else T), dtype=dtypes.float32, device=q.device)    # narrow: + spill
     M = Tensor.empty(H, C, dtype=dtypes.float32, device=q.device)
     sums = (Tensor.empty(H, C, dtype=dtypes.float32, device=q.device),) if wide else ()
-    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd), cache,
+    query = in_place(q)          # (the rotary kernel's output, read where it lies: its elements are in this order)
+    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd) if query is None else query, cache,
                                    fxn=lanes_partials if lanes else partials)[:2 + len(sums)]
     # lanes: the combine writes the query's type itself (no kernel of its own to convert the output)
     Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=q.dtype if lanes else dtypes.float32, device=q.device), *written,
@@ -442,11 +454,17 @@ def install(net, census, model_path: str, setting: Split) -> Prepared:
     if setting.kernel:
         _check_threads(census, model_path, setting)
     split_blocks: set[int] = set()
+    kept: dict[str, int] = {}          # rotary: why blocks keep tinygrad's norms, rotary step and store
     for i, block in enumerate(getattr(net, "blk", [])):
         attention = getattr(block, "_attention", None)
         if attention is None:
             continue
         prepared.eligible += 1
+        if setting.rotary:
+            if (why := rotary.unfit(block)) is None:
+                attention = rotary.RotaryAttention(block, attention, thread_groups=True)   # (kernel: groups checked)
+            else:
+                kept[why] = kept.get(why, 0) + 1
 
         def taken(i=i):   # a block counts once it has run a decode step's attention by chunks
             split_blocks.add(i)
@@ -458,5 +476,12 @@ def install(net, census, model_path: str, setting: Split) -> Prepared:
         block._attention = split
     if not prepared.eligible:
         raise BadInput(f"model {model_path}: no block computes attention: nothing to split")
+    if setting.rotary:
+        if sum(kept.values()) == prepared.eligible:
+            raise BadInput(f"model {model_path}: --split-attention {setting.flag}: no block's attention takes the rotary "
+                           f"kernel ({'; '.join(kept)})")
+        prepared.notes.append(f"rotary: {prepared.eligible - sum(kept.values())} of {prepared.eligible} blocks' query "
+                              f"and key norms, rotary step and cache store in one generated kernel"
+                              + "".join(f"; {n} kept: {why}" for why, n in kept.items()))
     prepared.seconds = time.perf_counter() - t0
     return prepared

@@ -200,7 +200,24 @@ def split_prediction(census, split: attention.Split, context: int, target: Targe
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
-    return Foreseen(nbytes, f.blocks * len(kernels), f.blocks * sum(p.us for p in sights), terms)
+    removed = rotary_kernels_removed(census, on) if split.rotary else 0
+    return Foreseen(nbytes, f.blocks * len(kernels) - removed, f.blocks * sum(p.us for p in sights),
+                    terms + (("kernels removed",) if removed > 0 else ()))
+
+
+def rotary_kernels_removed(census, on: Route | None) -> int:
+    """The kernels split attention's rotary kernel takes from a token, net, a block at a time: tinygrad's
+    turned query and turned key (the key's with the cache store), their means of squares where the block
+    norms them, and the copy of the product their rows are taken from where the route's layout stacks the
+    query and key in one product; one rotary kernel in their place."""
+    stacked = bool(on and on.layout and Setting(**on.layout).stack == "stacked")
+    groups = stacks([t for t in census.tensors if _taken(t)]) if stacked else []
+    removed = 0
+    for block in sorted({t.block for t in census.tensors if t.role == "attn_q" and t.block is not None}):
+        normed = any(t.block == block and t.role == "attn_q_norm" for t in census.tensors)
+        copied = any({"attn_q", "attn_k"} <= {t.role for t in g if t.block == block} for g in groups)
+        removed += 2 + 2 * normed + copied - 1
+    return removed
 
 
 def taken_groups(census, setting: Setting) -> list[list]:
@@ -416,12 +433,18 @@ def check_on(family: WholeToken, path: str, on: Route | None, target: Target) ->
                        f"to search")
 
 
+def _knobs_changed(stored, current) -> int:
+    """How many knobs of a setting (as a route stores it) differ from the route's own setting of the family
+    (a route without it: each knob that is on; a knob the route file predates reads as off)."""
+    if not isinstance(stored, dict):
+        return int(stored != current)
+    current = current if isinstance(current, dict) else {}
+    return sum(stored.get(k, 0) != current.get(k, 0) for k in stored.keys() | current.keys())
+
+
 def _same_setting(stored, current) -> bool:
-    """Whether a candidate (as a route stores it) is the route's own setting; a knob the route file
-    predates reads as off."""
-    if isinstance(stored, dict) and isinstance(current, dict):
-        return all(stored.get(k, 0) == current.get(k, 0) for k in stored.keys() | current.keys())
-    return stored == current
+    """Whether a candidate (as a route stores it) is the route's own setting."""
+    return current is not None and _knobs_changed(stored, current) == 0
 
 
 def per_product(census, route_on: Route, legal: list, target: Target, cal: Calibration, most: int, seconds: float,
@@ -462,7 +485,10 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         sight = family.predicted(census, s, context, target, cal, route_on)
         candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
                                     sight.fraction))
-    candidates.sort(key=lambda c: c.predicted_us)
+    # Equal predictions: the fewest knobs changed from the route's own setting first (the least FutureSight
+    # has not seen), then the legal space's order.
+    current = getattr(route_on, family.route_key) if route_on else None
+    candidates.sort(key=lambda c: (c.predicted_us, _knobs_changed(family.stored(c.setting), current)))
     products = []
     if alone:
         first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say, earlier)
@@ -478,7 +504,6 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "on": label_of(route_on, beam)}
     tried = 0
-    current = getattr(route_on, family.route_key) if route_on else None
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
         if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(family.stored(c.setting), current):

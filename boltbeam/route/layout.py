@@ -318,18 +318,18 @@ class Planes:
             xw = x.float() * norm.weight.float() if norm is not None else x.float()
             group_sums = [xw.reshape(n, groups, self.group).sum(-1)]
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
-        source = in_place(x) if self.reads_in_place else None
+        source = in_place(x, dtypes.float32) if self.reads_in_place else None
         ins = [x.float() if source is None else source, self.low, *([self.high] if self.high is not None else []), self.scale,
                *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else []), *group_sums]
         return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
 
 
-def in_place(x):
-    """The float32 output of another generated kernel that x is, below reshapes and permutes that move only
-    axes of one (its elements in the same order), or None: tinygrad copies any view of a custom kernel's
-    output before another custom kernel reads it (a kernel a token for each such product), and the product's
-    kernel indexes its input flat, so it can read that output where it lies."""
-    from tinygrad import Tensor, dtypes
+def in_place(x, dtype=None):
+    """The output of another generated kernel that x is (of `dtype`, where given), below reshapes and permutes
+    that move only axes of one (its elements in the same order), or None: tinygrad copies any view of a custom
+    kernel's output before another custom kernel reads it (a kernel a token for each such product), and a
+    kernel that indexes its input flat can read that output where it lies."""
+    from tinygrad import Tensor
     from tinygrad.uop.ops import Ops
     u = x.uop
     while u.op in (Ops.RESHAPE, Ops.PERMUTE):
@@ -338,7 +338,7 @@ def in_place(x):
             if moved != sorted(moved):
                 return None
         u = u.src[0]
-    if u.op is Ops.AFTER and any(s.op is Ops.CALL for s in u.src) and u.dtype == dtypes.float32:
+    if u.op is Ops.AFTER and any(s.op is Ops.CALL for s in u.src) and dtype in (None, u.dtype):
         return Tensor(u)
     return None
 
