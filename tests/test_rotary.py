@@ -143,6 +143,9 @@ def test_rotary_attention_is_the_blocks_own(tiny_model):
     assert np.abs(want_cache[:, :, :, 5] - start[:, :, :, 5]).max() > 0.1       # the step wrote its key and value
     rows = Tensor(np.repeat(x, 3, axis=1))
     assert turned(rows, 0).uop is b._attention(rows, 0).uop
+    length = UOp.variable("toks", 1, 4).bind(2)          # a prefill's length a variable, as the model's JIT has it
+    rows = Tensor(np.repeat(x, 4, axis=1))[:, 0:length]
+    assert turned(rows, 0).uop is b._attention(rows, 0).uop
     # Inside the block's own step (tinygrad's function, precompiled, the position a parameter of it), twice.
     b.cache_kv.assign(Tensor(start, dtype=b.cache_kv.dtype)).realize()
     want = [b(Tensor(x), UOp.variable("start_pos", 0, 31).bind(p)).numpy() for p in (5, 6)]

@@ -210,8 +210,7 @@ def rotary_kernels_removed(census, on: Route | None) -> int:
     turned query and turned key (the key's with the cache store), their means of squares where the block
     norms them, and the copy of the product their rows are taken from where the route's layout stacks the
     query and key in one product; one rotary kernel in their place."""
-    stacked = bool(on and on.layout and Setting(**on.layout).stack == "stacked")
-    groups = stacks([t for t in census.tensors if _taken(t)]) if stacked else []
+    groups = taken_groups(census, Setting(**on.layout)) if on and on.layout else []
     removed = 0
     for block in sorted({t.block for t in census.tensors if t.role == "attn_q" and t.block is not None}):
         normed = any(t.block == block and t.role == "attn_q_norm" for t in census.tensors)
