@@ -263,16 +263,16 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     chunks = (16, 32, 64, 128, 256)
     legal, rejected = choose.SPLIT.space(h200)
     assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
-        | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes") for r in ("", ":rotary")} \
-        | {f"{c}:kernel:wide:unrolled{r}" for c in chunks[:-1] for r in ("", ":rotary")}
+        | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes") for r in ("", ":rotary", ":rotary:pooled")} \
+        | {f"{c}:kernel:wide:unrolled{r}" for c in chunks[:-1] for r in ("", ":rotary", ":rotary:pooled")}
     # unrolled, a thread holds a chunk's loads of values at once: 256 positions are more than its 255 registers
     assert any("registers_per_thread" in why for why in rejected)
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
     settings, rejected = choose.SPLIT.space(host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
-    # (the kernel half of the 5 x 2^7 value sets; and the registers rule)
-    assert rejected["the target declares no max_threads_per_group"] == 320 and len(rejected) == 2
+    # (the kernel half of the 5 x 2^8 value sets; and the registers rule)
+    assert rejected["the target declares no max_threads_per_group"] == 640 and len(rejected) == 2
     unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
@@ -540,7 +540,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
                                                                        "kernel": False, "wide": False, "unrolled": False, "lanes": False,
-                                                                       "rotary": False, "applied": 2, "eligible": 2,
+                                                                       "rotary": False, "pooled": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
@@ -560,17 +560,17 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide and lanes shape the generated kernel alone")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged, carried, kernel, wide, unrolled, lanes and rotary"
+    keys = "keys chunk, staged, carried, kernel, wide, unrolled, lanes, rotary and pooled"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
-        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled, lanes, rotary)"),
-        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled, lanes, rotary true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, rotary true or false")))
+        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled, lanes, rotary, pooled)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, tmp_path):

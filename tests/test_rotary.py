@@ -54,24 +54,35 @@ def inputs(rng, heads, kv_heads, head_dim, rope_dim, positions, normed, stacked)
     return parts, weights, Tensor(freqs).realize(), Tensor(cache).realize(), (q, k, v, *ws, freqs, cache)
 
 
-@pytest.mark.parametrize("heads, kv_heads, head_dim, rope_dim, normed, stacked", [
+SHAPES = [
     (4, 2, 16, 16, True, True),       # the query and key norms over a head, one stacked product
     (4, 4, 16, 16, True, False),      # three products, a key head for each query head
     (6, 2, 32, 16, False, True),      # no norms; the rotary step over half the head, the rest as it is
-    (2, 1, 12, 8, True, False),       # a head not a multiple of the squares' step (no unrolled sum)
-])
-def test_the_rotary_kernel_is_tinygrads_norms_rotary_step_and_store(heads, kv_heads, head_dim, rope_dim, normed, stacked):
+    (2, 1, 12, 8, True, False),       # a head not a multiple of the squares' step (no unrolled sum; pooled: 3 x 4)
+]
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize("heads, kv_heads, head_dim, rope_dim, normed, stacked", SHAPES)
+def test_the_rotary_kernel_is_tinygrads_norms_rotary_step_and_store(heads, kv_heads, head_dim, rope_dim, normed, stacked,
+                                                                    pooled):
     """Under the JIT with the position a variable, as a decode step runs it: the turned query and the cache
-    with this token's key and value stored at the position, the rest of the cache as it was."""
+    with this token's key and value stored at the position, the rest of the cache as it was. The pooled form
+    (a group a head, the squares summed through local memory) on tinygrad's PYTHON device, which runs groups."""
     from tinygrad import TinyJit, UOp
     rng = np.random.default_rng(head_dim + heads)
     positions = 6
     parts, weights, freqs, cache, arrays = inputs(rng, heads, kv_heads, head_dim, rope_dim, positions, normed, stacked)
+    if pooled:
+        on = lambda t: t.to("PYTHON").realize()
+        parts = tuple((on(t), at) for t, at in parts)
+        weights, freqs, cache = [None if w is None else on(w) for w in weights], on(freqs), on(cache)
     pos = UOp.variable("start_pos", 0, positions - 1)
 
     @TinyJit
     def step(p):
-        q, written = rotary.rotary_kernel(*parts, *weights, EPS, freqs, cache, p, heads, head_dim, rope_dim, False)
+        q, written = rotary.rotary_kernel(*parts, *weights, EPS, freqs, cache, p, heads, head_dim, rope_dim, pooled,
+                                          pooled=pooled)
         return q.realize(), written.realize()
 
     for p in (0, 3, positions - 1):
@@ -193,9 +204,12 @@ def test_the_rotary_setting_and_the_blocks_it_takes(tiny_model, monkeypatch):
     from boltbeam.cli.measure import split_of
     assert attention.Split.parse("32:kernel:lanes:rotary") == attention.Split(32, kernel=True, lanes=True, rotary=True)
     assert attention.Split.parse("32:kernel:rotary").flag == "32:kernel:rotary"
+    assert attention.Split.parse("32:kernel:lanes:rotary:pooled").pooled is True
     with pytest.raises(BadInput, match="rotary runs before the generated kernel alone"):
         attention.Split.parse("32:rotary")
-    with pytest.raises(BadInput, match=r"CHUNK:kernel\[:wide\[:unrolled\]\|:lanes\]\[:rotary\]"):
+    with pytest.raises(BadInput, match="pooled shapes rotary"):
+        attention.Split.parse("32:kernel:pooled")
+    with pytest.raises(BadInput, match=r"CHUNK:kernel\[:wide\[:unrolled\]\|:lanes\]\[:rotary\[:pooled\]\]"):
         attention.Split.parse("32:kernel:rotary:lanes")
     assert split_of(None, {"chunk": 32, "staged": False, "kernel": True, "lanes": True}).rotary is False
     # Among equal predictions (the lanes and unrolled forms of 16 and 32 are, at the floor) the search judges first
@@ -203,7 +217,8 @@ def test_the_rotary_setting_and_the_blocks_it_takes(tiny_model, monkeypatch):
     route_own = {"chunk": 32, "staged": False, "kernel": True, "lanes": True}
     stored = lambda flag: dataclasses.asdict(attention.Split.parse(flag))
     assert [choose._knobs_changed(stored(f), route_own) for f in
-            ("32:kernel:lanes:rotary", "16:kernel:lanes:rotary", "32:kernel:wide:unrolled:rotary")] == [1, 2, 4]
+            ("32:kernel:lanes:rotary", "16:kernel:lanes:rotary", "32:kernel:wide:unrolled:rotary",
+             "32:kernel:lanes:rotary:pooled")] == [1, 2, 4, 2]
     assert choose._knobs_changed(stored("32:kernel:lanes"), None) == 3 and choose._same_setting(stored("32:kernel:lanes"), route_own)
     census, net, b, x = block_and_step(tiny_model)
     # Every block's decode attention then runs the rotary kernel (scheduled on the CPU, with its thread groups
@@ -214,6 +229,15 @@ def test_the_rotary_setting_and_the_blocks_it_takes(tiny_model, monkeypatch):
     sp = UOp.variable("start_pos", 0, 31).bind(3)
     names = [getattr(c.src[0].arg, "name", "") for c in b._attention(Tensor(x), sp).linear_with_vars()[0].src]
     assert "rotary_4x64" in names and any(n.startswith("attention_partials") for n in names)
+    census, net, b, x = block_and_step(tiny_model)
+    done = attention.install(net, census, tiny_model, attention.Split(32, kernel=True, lanes=True, rotary=True, pooled=True))
+    assert "local memory" in done.notes[0]
+    names = [getattr(c.src[0].arg, "name", "") for c in b._attention(Tensor(x), sp).linear_with_vars()[0].src]
+    assert "rotary_4x64_pooled" in names
+    monkeypatch.setattr(attention, "thread_group_limit", lambda why: 32)     # a head of 64 threads is too many
+    with pytest.raises(BadInput, match="rotary kernel a thread a dimension, 64 a group; device .* allows 32"):
+        attention.install(net, census, tiny_model, attention.Split(16, kernel=True, rotary=True, pooled=True))
+    monkeypatch.setattr(attention, "thread_group_limit", lambda why: 1024)
     assert rotary.unfit(b) is None
     b.config = dataclasses.replace(b.config, attn_output_gate=True)
     assert rotary.unfit(b) == "its output is gated"

@@ -65,7 +65,7 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
     p.add_argument("--direct-replay", action="store_true", help="replay the captured decode graphs directly: each "
                    "token's inputs prepared once, the token fed back uncopied and read from its buffer, where tinygrad "
                    "prepares, copies and lowers again every token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary]",
+    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]",
                    help="decode attention "
                    "split over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; "
                    "`:staged` writes each chunk's partial results to buffers of their own before the combine; `:carried` "
@@ -74,7 +74,8 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "memory); `:wide` has them read a key row eight halves a load and a run of value dimensions a thread; `:unrolled` "
                    "(after :wide) writes their loops over a key row and a chunk's positions out in full; `:lanes` (instead "
                    "of :wide) runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:rotary` (after "
-                   ":kernel) runs a decode step's query and key norms, rotary step and cache store as one more generated kernel")
+                   ":kernel) runs a decode step's query and key norms, rotary step and cache store as one more generated kernel; `:pooled` "
+                   "(after :rotary) runs it a thread group a query head, its squares summed through local memory")
     p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
                    "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
                    "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "

@@ -115,7 +115,7 @@ def load(path: str) -> Route:
     if not isinstance(route.beam, int) or isinstance(route.beam, bool) or route.beam < 0:
         raise BadInput(f"{where}: beam must be a whole number, 0 or more")
     if route.split_attention is not None and not isinstance(route.split_attention, dict):
-        raise BadInput(f"{where}: split_attention must be a table (chunk, staged, carried, kernel, wide, unrolled, lanes, rotary) "
+        raise BadInput(f"{where}: split_attention must be a table (chunk, staged, carried, kernel, wide, unrolled, lanes, rotary, pooled) "
                        f"or null")
     if route.gemv is not None and not isinstance(route.gemv, dict):
         raise BadInput(f"{where}: gemv must be a table (lanes_per_row, rows_per_group, rows_per_thread, load_bytes) or null")

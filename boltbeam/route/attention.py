@@ -32,7 +32,8 @@ and the cache with the store that wrote this token's key and value, so the kerne
 the key and value into the cache as one more kernel generated at tinygrad's UOp level (route/rotary.py)
 in place of tinygrad's four or five, its query read in place by the partials (tinygrad copies any view of
 a custom kernel's output another custom kernel reads, and the cache whole where one kernel reads two views
-of it: the generated kernels read both where they lie).
+of it: the generated kernels read both where they lie). `pooled`, with rotary, has that kernel run a thread
+group a query head and sum its squares through local memory.
 
 It takes every attention a block computes through `Tensor.scaled_dot_product_attention` with one
 query position and no mask (the decode step; the prefill keeps tinygrad's own), found by that fact,
@@ -60,7 +61,8 @@ class Split:
     """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
     sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and in
     which form: narrow, wide (unrolled or not), or lanes (a thread a query head's dimension); and whether the
-    query and key norms, the rotary step and the cache store run as one generated kernel before them."""
+    query and key norms, the rotary step and the cache store run as one generated kernel before them (pooled:
+    a group a head, its sums of squares through local memory)."""
     chunk: int
     staged: bool = False
     carried: bool = False
@@ -69,6 +71,7 @@ class Split:
     unrolled: bool = False
     lanes: bool = False
     rotary: bool = False
+    pooled: bool = False
 
     def __post_init__(self):
         from boltbeam.search.space import families
@@ -81,7 +84,7 @@ class Split:
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
                            f"kernel takes neither; wide and lanes shape the generated kernel alone, one or the other, "
-                           f"unrolled its wide form; rotary runs before the generated kernel alone")
+                           f"unrolled its wide form; rotary runs before the generated kernel alone, pooled shapes rotary")
 
     @property
     def flag(self) -> str:
@@ -89,7 +92,7 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary] (profile --split-attention)."""
+        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]] (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
             raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
@@ -101,7 +104,7 @@ class Split:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
         if values.get("unrolled") and not values.get("wide") or values.get("wide") and values.get("lanes") \
-                or values.get("rotary") and not values.get("kernel"):
+                or values.get("rotary") and not values.get("kernel") or values.get("pooled") and not values.get("rotary"):
             return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
@@ -128,8 +131,8 @@ def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
     return None
 
 
-KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "rotary")    # the family's switches, in the flag's order
-FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary]"
+KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "rotary", "pooled")    # the family's switches, in the flag's order
+FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]"
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
 
@@ -442,6 +445,9 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
     if setting.lanes and f.head_dim * COMBINE_LANES > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with {COMBINE_LANES} threads a "
                        f"dimension, {f.head_dim * COMBINE_LANES} a group; device {Device.DEFAULT} allows {most}")
+    if setting.pooled and f.head_dim > most:
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} runs the rotary kernel a thread a "
+                       f"dimension, {f.head_dim} a group; device {Device.DEFAULT} allows {most}")
     if why := setting.unfit(f.head_dim):
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} at a head of {f.head_dim} dimensions: {why}")
 
@@ -462,7 +468,7 @@ def install(net, census, model_path: str, setting: Split) -> Prepared:
         prepared.eligible += 1
         if setting.rotary:
             if (why := rotary.unfit(block)) is None:
-                attention = rotary.RotaryAttention(block, attention, thread_groups=True)   # (kernel: groups checked)
+                attention = rotary.RotaryAttention(block, attention, True, setting.pooled)   # (kernel: groups checked)
             else:
                 kept[why] = kept.get(why, 0) + 1
 
@@ -482,6 +488,7 @@ def install(net, census, model_path: str, setting: Split) -> Prepared:
                            f"kernel ({'; '.join(kept)})")
         prepared.notes.append(f"rotary: {prepared.eligible - sum(kept.values())} of {prepared.eligible} blocks' query "
                               f"and key norms, rotary step and cache store in one generated kernel"
+                              + (" (a group a head, its squares summed through local memory)" if setting.pooled else "")
                               + "".join(f"; {n} kept: {why}" for why, n in kept.items()))
     prepared.seconds = time.perf_counter() - t0
     return prepared

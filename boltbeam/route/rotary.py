@@ -13,8 +13,11 @@ caches, not through local memory), writes its turned query dimension, and the ke
 value into the cache at the position (the query heads a key head serves write the same bytes there). It reads
 the projections' outputs where they lie (layout.in_place), and its query output and the cache are read where
 they lie by split attention's generated kernels, so neither side copies. (On the H200 it took 4.5 µs a block in
-32 groups, bench/h200/rotary/: the sums' chains of loads, not bytes; a group a head summing through local
-memory is the next form.)
+32 groups, bench/h200/rotary/: the sums' chains of loads, not bytes.)
+
+`pooled`: a thread group a query head and a thread a dimension, each thread loading its dimension of the query,
+key and value heads (and the rotary partner's) once; the group sums the squares through local memory in two
+stages (a rows x b partials, then the a row sums), so no thread waits on a chain of Hd loads.
 """
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ SUM_STEP = 8                 # the squares a thread sums a loop step
 
 
 def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, heads: int, head_dim: int,
-                  rope_dim: int, thread_groups: bool):
+                  rope_dim: int, thread_groups: bool, pooled: bool = False):
     """The normed, turned query (heads x head_dim), and the cache after this token's key and value are stored.
     q, k, v: (tensor, offset) of the projections' outputs, the heads' values from that offset on (one token);
     q_norm, k_norm: the norms' weights (head_dim), or None where the block has none; freqs (positions, rope_dim):
     the cosines then the sines of each position; cache (2, 1, kv_heads, positions, head_dim); start_pos the
-    decode graph's bound variable (or a number)."""
+    decode graph's bound variable (or a number). pooled (thread_groups): the squares summed through local memory."""
     from tinygrad import Tensor, UOp, dtypes
     from tinygrad.codegen.opt import Opt, OptOps
     from tinygrad.dtype import least_upper_dtype
@@ -48,19 +51,28 @@ def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, 
     def kernel(Y, C, F, *rest, pos=start_pos):
         Y, C, F = Y.flatten(), C.flatten(), F.flatten()
         srcs, weights = [s.flatten() for s in rest[:len(sources)]], [w.flatten() for w in rest[len(sources):]][:len(normed)]
-        h, d = UOp.range(heads, 0), UOp.range(Hd, 1)
+        if pooled:
+            h, d = UOp.special(heads, "gidx0"), UOp.special(Hd, "lidx0")
+        else:
+            h, d = UOp.range(heads, 0), UOp.range(Hd, 1)
         kh = h // G
+        value = lambda part, head, i: srcs[slot(part)][part[1] + head * Hd + i].cast(dtypes.float)
+        sums = pooled_sums(d, [(lambda i, p=p, hd=hd: value(p, hd, i)) for p, hd, w in ((q, h, q_norm), (k, kh, k_norm))
+                               if w is not None], Hd) if pooled else None
 
-        def turned(part, head, weight, axis):
-            X, at = srcs[slot(part)], part[1] + head * Hd
-            value = lambda i: X[at + i].cast(dtypes.float)
+        def sum_of_squares(part, head, axis, n):
+            if pooled:
+                return sums[n]
+            i = UOp.range(Hd, axis, AxisType.REDUCE)
+            return (value(part, head, i) * value(part, head, i)).reduce(i, arg=Ops.ADD)
+
+        def turned(part, head, weight, axis, n):
             if weight is None:
-                norm = lambda i: value(i)
+                norm = lambda i: value(part, head, i)
             else:
-                i = UOp.range(Hd, axis, AxisType.REDUCE)
-                scale = ((value(i) * value(i)).reduce(i, arg=Ops.ADD) * (1.0 / Hd) + eps).sqrt().reciprocal()
+                scale = (sum_of_squares(part, head, axis, n) * (1.0 / Hd) + eps).sqrt().reciprocal()
                 cast = (lambda x: x) if part[0].dtype == dtypes.float else (lambda x: x.cast(part[0].dtype).cast(dtypes.float))
-                norm = lambda i: cast(value(i) * scale) * weight[i].cast(dtypes.float)
+                norm = lambda i: cast(value(part, head, i) * scale) * weight[i].cast(dtypes.float)
             first = d < half
             j = first.where(d, d - half)                              # the pair's place in the table's row
             partner = first.where(d + half, d - half)
@@ -71,9 +83,11 @@ def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, 
         w_k = weights[-1] if k_norm is not None else None
         at = lambda half_, head: ((half_ * kv_heads + head) * P + pos) * Hd + d
         V, v_at = srcs[slot(v)], v[1]
-        stores = UOp.group(Y[h * Hd + d].store(turned(q, h, w_q, 2).cast(Y.dtype.base)),
-                           C[at(0, kh)].store(turned(k, kh, w_k, 3).cast(C.dtype.base)),
+        stores = UOp.group(Y[h * Hd + d].store(turned(q, h, w_q, 2, 0).cast(Y.dtype.base)),
+                           C[at(0, kh)].store(turned(k, kh, w_k, 3, len(sums or ()) - 1).cast(C.dtype.base)),
                            C[at(1, kh)].store(V[v_at + kh * Hd + d].cast(C.dtype.base)))
+        if pooled:
+            return stores.sink(arg=KernelInfo(name=f"rotary_{heads}x{Hd}_pooled", opts_to_apply=()))
         # a group of a head's threads where the device runs groups; each sum of squares SUM_STEP values a step
         # (wide loads, one loop step a load's latency)
         opts = ((Opt(OptOps.LOCAL, 1, math.gcd(Hd, QUERY_THREADS)),) if thread_groups else ()) + tuple(
@@ -83,6 +97,32 @@ def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, 
     y = Tensor.empty(heads * Hd, dtype=out_dtype, device=cache.device)
     y, cache, *_ = custom_kernel_at(start_pos, y, cache, freqs, *sources, *normed, fxn=kernel)
     return y, cache
+
+
+def pooled_sums(t, values, n: int) -> list:
+    """Each of `values` (a function of a dimension) squared by thread t of a group of n and summed over the
+    group through local memory: the squares, then rows of b partials (a rows, a b = n, a the largest divisor
+    of n at most its square root) each summed by a thread, then every thread sums the a rows' sums; one
+    barrier a stage for all the sums. The sums, as every thread holds them."""
+    from tinygrad import UOp, dtypes
+    from tinygrad.dtype import AddrSpace
+    from tinygrad.uop.ops import AxisType, Ops
+    a = max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
+    b = n // a
+
+    def stage(terms, slot0):
+        bufs = [UOp.placeholder((n,), dtypes.float, slot0 + i, AddrSpace.LOCAL)[t].set(x) for i, x in enumerate(terms)]
+        done = bufs[0].barrier(*bufs[1:])
+        return [buf.after(done) for buf in bufs]
+
+    def summed(terms, size, axis):       # (written out: a thread's local loads go out together)
+        i = UOp.range(size, axis, AxisType.UNROLL)
+        return [x(i).reduce(i, arg=Ops.ADD) for x in terms]
+    if not values:
+        return []
+    squares = stage([v(t) * v(t) for v in values], 0)
+    rows = stage(summed([lambda r, S=S: S[(t % a) * b + r] for S in squares], b, 20), len(values))
+    return summed([lambda r, R=R: R[r] for R in rows], a, 21)
 
 
 def custom_kernel_at(position, *tensors, fxn):
@@ -116,9 +156,9 @@ def source_of(layer, x):
 class RotaryAttention:
     """A block's attention as tinygrad.llm's TransformerBlock computes it, with a decode step's query and key
     norms, rotary step and cache store as rotary_kernel (the norms' weights realized once, in their type); a
-    prefill (more than one position) keeps the block's own (`original`)."""
-    def __init__(self, block, original, thread_groups: bool):
-        self.block, self.original, self.thread_groups = block, original, thread_groups
+    prefill (more than one position) keeps the block's own (`original`); pooled: rotary_kernel's pooled form."""
+    def __init__(self, block, original, thread_groups: bool, pooled: bool = False):
+        self.block, self.original, self.thread_groups, self.pooled = block, original, thread_groups, pooled
         norms = (block.attn_q_norm, block.attn_k_norm) if block.config.qk_norm else ()
         self.weights = tuple(n.weight.contiguous().realize() for n in norms) or (None, None)
         self.eps = float(norms[0].eps) if norms else 0.0
@@ -130,7 +170,7 @@ class RotaryAttention:
         b, c = self.block, self.block.config
         q, cache = rotary_kernel(source_of(b.attn_q, x), source_of(b.attn_k, x), source_of(b.attn_v, x),
                                  *self.weights, self.eps, b.freqs_cis, b.cache_kv, start_pos,
-                                 c.n_heads, c.head_dim, c.rope_dim, self.thread_groups)
+                                 c.n_heads, c.head_dim, c.rope_dim, self.thread_groups, self.pooled)
         k, v = cache[0, :, :, 0:start_pos + 1, :], cache[1, :, :, 0:start_pos + 1, :]
         attn = q.reshape(1, c.n_heads, 1, c.head_dim).scaled_dot_product_attention(k, v, enable_gqa=True)
         return b.attn_output(attn.transpose(1, 2).reshape(B, T, -1))
