@@ -5,6 +5,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 # llama.cpp's shared libraries for its Python binding (.llama/llama_cpp, from the llama-cpp-python 0.3.36
 # sdist; .llama/llama.cpp is its vendored source without docs, models, tests, tools and examples).
+# (carried as .llama.tar.xz where the working tree leaves too little of a call's 64 MiB for the folder)
+[ -e .llama.tar.xz ] && [ ! -d .llama ] && tar xJf .llama.tar.xz
 export LLAMA_CPP_LIB_PATH=/tmp/lb/bin LD_LIBRARY_PATH=/tmp/lb/bin:${LD_LIBRARY_PATH:-}
 [ -d .llama/llama_cpp ] && export PYTHONPATH=$PYTHONPATH:$PWD/.llama
 if [ ! -e /tmp/llama-build.started ] && [ -d .llama/llama.cpp ]; then
