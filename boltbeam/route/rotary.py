@@ -57,20 +57,21 @@ def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, 
             h, d = UOp.range(heads, 0), UOp.range(Hd, 1)
         kh = h // G
         value = lambda part, head, i: srcs[slot(part)][part[1] + head * Hd + i].cast(dtypes.float)
-        sums = pooled_sums(d, [(lambda i, p=p, hd=hd: value(p, hd, i)) for p, hd, w in ((q, h, q_norm), (k, kh, k_norm))
-                               if w is not None], Hd) if pooled else None
+        normed_heads = {name: (p, hd) for name, p, hd, w in (("q", q, h, q_norm), ("k", k, kh, k_norm)) if w is not None}
+        sums = dict(zip(normed_heads, pooled_sums(d, [(lambda i, p=p, hd=hd: value(p, hd, i))
+                                                      for p, hd in normed_heads.values()], Hd))) if pooled else {}
 
-        def sum_of_squares(part, head, axis, n):
+        def sum_of_squares(part, head, axis, name):
             if pooled:
-                return sums[n]
+                return sums[name]
             i = UOp.range(Hd, axis, AxisType.REDUCE)
             return (value(part, head, i) * value(part, head, i)).reduce(i, arg=Ops.ADD)
 
-        def turned(part, head, weight, axis, n):
+        def turned(part, head, weight, axis, name):
             if weight is None:
                 norm = lambda i: value(part, head, i)
             else:
-                scale = (sum_of_squares(part, head, axis, n) * (1.0 / Hd) + eps).sqrt().reciprocal()
+                scale = (sum_of_squares(part, head, axis, name) * (1.0 / Hd) + eps).sqrt().reciprocal()
                 cast = (lambda x: x) if part[0].dtype == dtypes.float else (lambda x: x.cast(part[0].dtype).cast(dtypes.float))
                 norm = lambda i: cast(value(part, head, i) * scale) * weight[i].cast(dtypes.float)
             first = d < half
@@ -83,8 +84,8 @@ def rotary_kernel(q, k, v, q_norm, k_norm, eps: float, freqs, cache, start_pos, 
         w_k = weights[-1] if k_norm is not None else None
         at = lambda half_, head: ((half_ * kv_heads + head) * P + pos) * Hd + d
         V, v_at = srcs[slot(v)], v[1]
-        stores = UOp.group(Y[h * Hd + d].store(turned(q, h, w_q, 2, 0).cast(Y.dtype.base)),
-                           C[at(0, kh)].store(turned(k, kh, w_k, 3, len(sums or ()) - 1).cast(C.dtype.base)),
+        stores = UOp.group(Y[h * Hd + d].store(turned(q, h, w_q, 2, "q").cast(Y.dtype.base)),
+                           C[at(0, kh)].store(turned(k, kh, w_k, 3, "k").cast(C.dtype.base)),
                            C[at(1, kh)].store(V[v_at + kh * Hd + d].cast(C.dtype.base)))
         if pooled:
             return stores.sink(arg=KernelInfo(name=f"rotary_{heads}x{Hd}_pooled", opts_to_apply=()))
