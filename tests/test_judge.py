@@ -11,7 +11,7 @@ import pytest
 
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
-from boltbeam.judge.judge import FAIL, NO_EVIDENCE, PASS, Checks, judge
+from boltbeam.judge.judge import FAIL, NO_EVIDENCE, PASS, Checks, judge, judge_processes
 from boltbeam.judge.verdicts import (ADAPTER_INCOMPLETE, DEFER, DIAGNOSTIC, INCONCLUSIVE, PROMOTE, REFUTE,
                                      SEARCH_SPACE_INCOMPLETE)
 from boltbeam.measure.trace import Kernel, Trace, save
@@ -229,6 +229,25 @@ def test_checks_from_dict_keeps_every_key():
     assert dataclasses.asdict(Checks.from_dict(raw)) == raw
 
 
+def test_processes_judged_pair_by_pair_give_a_verdict_only_where_all_agree():
+    """A candidate 5% faster than one baseline process and level with another (one route's processes can be
+    that far apart): each pair alone says promote or inconclusive; together, inconclusive, told from the pair
+    that changed least. Where every pair promotes, promote, with the least improvement as its effect."""
+    fast, slow = baseline(noisy(950, seed=3)), baseline(noisy(1000, seed=1))
+    candidate = faster_candidate()
+    assert judge(slow, candidate, CHECKS).verdict == PROMOTE and judge(fast, candidate, CHECKS).verdict == INCONCLUSIVE
+    mixed = judge_processes([slow, fast], [candidate], CHECKS)
+    assert mixed.verdict == INCONCLUSIVE and mixed.reopen is None
+    assert mixed.reasons[0].startswith("the 2 pairs of processes disagree (inconclusive in 1, promote in 1")
+    assert mixed.numbers["pair_verdicts"] == [PROMOTE, INCONCLUSIVE] and mixed.effect == judge(fast, candidate, CHECKS).effect
+    assert mixed.numbers["baseline_process_medians_us"] == [float(np.median(t.token_wall_us)) for t in (slow, fast)]
+    slower = baseline(noisy(1050, seed=4))
+    both = judge_processes([slow, slower], [candidate, make_trace(noisy(940, seed=5))], CHECKS)
+    assert both.verdict == PROMOTE and both.numbers["pairs"] == 4
+    assert both.effect.relative_change == max(both.numbers["pair_changes"]) < -0.01
+    assert judge_processes([slow], [candidate], CHECKS) == judge(slow, candidate, CHECKS)
+
+
 # --- the CLI ---------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -260,6 +279,14 @@ def test_cli_promotes_and_prints_json(files, capsys):
     result = json.loads(out)
     assert code == 0 and result["verdict"] == PROMOTE and result["ledger_entry"] is None
     assert set(result["gates"]) == set(GATES) and result["effect"]["relative_change"] < -0.01
+
+
+def test_cli_judges_each_process(files, capsys):
+    code, out, _ = run_judge(capsys, "--baseline", files("a.json", baseline()), "--baseline",
+                             files("a2.json", baseline(noisy(950, seed=3))), "--candidate", files("b.json", faster_candidate()),
+                             "--checks", files("checks.json", {"expected_route": SEARCH}), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["verdict"] == INCONCLUSIVE and result["numbers"]["pairs"] == 2
 
 
 def test_cli_prints_a_table(files, capsys):

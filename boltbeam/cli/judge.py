@@ -30,9 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("judge", help="did the change help? one of eight verdicts from A/B whole-token samples",
                        description="Judge candidate trace B against baseline trace A: promote only when the "
                                    "output is still correct, the intended route ran, the whole token is faster "
-                                   "beyond noise, memory fits and one switch turns it off.")
-    p.add_argument("--baseline", required=True, metavar="A.json", help="the baseline trace")
-    p.add_argument("--candidate", required=True, metavar="B.json", help="the candidate trace")
+                                   "beyond noise, memory fits and one switch turns it off. Given a trace a process, "
+                                   "more than one a side: every pair judged, a verdict only where all agree.")
+    p.add_argument("--baseline", required=True, action="append", metavar="A.json",
+                   help="the baseline trace (again for each process that measured it)")
+    p.add_argument("--candidate", required=True, action="append", metavar="B.json",
+                   help="the candidate trace (again for each process that measured it)")
     p.add_argument("--checks", metavar="CHECKS.json", help="what the candidate is held to (keys: see boltbeam.judge.judge)")
     p.add_argument("--floor-us", type=_positive_us, metavar="US",
                    help="physics floor of one token in µs (overrides the checks file's token_floor_us)")
@@ -45,12 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from boltbeam.judge.judge import MEASUREMENT_ERROR, Checks, judge, load_checks  # scipy: load only when judging
-    baseline, candidate = trace.load(args.baseline), trace.load(args.candidate)
+    from boltbeam.judge.judge import MEASUREMENT_ERROR, Checks, judge_processes, load_checks  # scipy: only when judging
+    baselines, candidates = [trace.load(p) for p in args.baseline], [trace.load(p) for p in args.candidate]
     checks = load_checks(args.checks) if args.checks else Checks()
     if args.floor_us is not None:
         checks = dataclasses.replace(checks, token_floor_us=args.floor_us)
-    judgement = judge(baseline, candidate, checks)
+    judgement = judge_processes(baselines, candidates, checks)
     entry = _record(judgement, args) if args.ledger else None
     if args.json:
         print_json({**judgement.to_dict(), "ledger_entry": entry})
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 def _record(judgement: Judgement, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger  # here, so judging never depends on the ledger
 
-    evidence = [args.baseline, args.candidate] + ([args.checks] if args.checks else [])
+    evidence = [*args.baseline, *args.candidate] + ([args.checks] if args.checks else [])
     with Ledger(args.ledger) as ledger:
         return ledger.append(candidate=judgement.candidate_id, verdict=judgement.verdict, reasons=judgement.reasons,
                              scope=judgement.scope, evidence=evidence, reopen=judgement.reopen, actor=args.actor)

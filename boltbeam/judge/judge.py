@@ -23,6 +23,9 @@ The verdict, first rule that applies:
   promote                  every gate passed
 (`candidate`, "worth timing, not judged yet", belongs to the search; the judge never gives it.)
 Samples should be interleaved A/B runs (the measurer's job): the test assumes both saw the same machine.
+One process's tokens do not show the spread between processes of one route (on the H200 one route's two
+processes on one machine measured 3.6% apart, bench/h200/pooled/): judge_processes takes several traces a
+side, judges every pair, and gives a verdict only where every pair gives it (else inconclusive).
 
 Checks file: one JSON object; every key is optional and an unknown key is bad input (catches typos).
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -203,6 +206,31 @@ def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judge
                      numbers=_numbers(baseline, candidate, checks),
                      candidate_id=checks.candidate_id or str(candidate.route.get("label") or "unlabelled"),
                      scope=scope_of(candidate), reopen=reopen)
+
+
+def judge_processes(baselines: list[Trace], candidates: list[Trace], checks: Checks = Checks()) -> Judgement:
+    """The verdict on candidate B against baseline A, each measured in one or more processes: every baseline
+    trace against every candidate trace, and the verdict they all give, told from the pair whose median token
+    changed least; where the pairs' verdicts differ, inconclusive, told from the pair that changed least of those
+    that do not promote (the evidence that holds the change back). One trace a side is judge() itself."""
+    pairs = [judge(b, c, checks) for b in baselines for c in candidates]
+    if len(pairs) == 1:
+        return pairs[0]
+    if unread := next((j for j in pairs if not j.gates), None):
+        return unread
+    verdicts = sorted({j.verdict for j in pairs})
+    change = lambda j: j.effect.relative_change if j.effect else 0.0
+    told = min((j for j in pairs if len(verdicts) == 1 or j.verdict != PROMOTE), key=lambda j: abs(change(j)))
+    medians = lambda traces: [float(np.median(t.token_wall_us)) for t in traces]
+    numbers = {**told.numbers, "pairs": len(pairs), "pair_verdicts": [j.verdict for j in pairs],
+               "pair_changes": [change(j) for j in pairs],
+               "baseline_process_medians_us": medians(baselines), "candidate_process_medians_us": medians(candidates)}
+    if len(verdicts) == 1:
+        return replace(told, numbers=numbers)
+    counts = ", ".join(f"{v} in {sum(j.verdict == v for j in pairs)}" for v in verdicts)
+    reasons = [f"the {len(pairs)} pairs of processes disagree ({counts}; the median token changed "
+               f"{min(numbers['pair_changes']):+.2%} to {max(numbers['pair_changes']):+.2%})", *told.reasons]
+    return replace(told, verdict=INCONCLUSIVE, reasons=reasons, numbers=numbers, reopen=None)
 
 
 def _decide(baseline: Trace, candidate: Trace, checks: Checks, problems: list[str],
