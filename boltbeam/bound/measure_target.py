@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
-from boltbeam.bound.targets import HOST, Target, _load_file, host_cache_path
+from boltbeam.bound.targets import HOST, _load_file, host_cache_path
 from boltbeam.errors import BadInput
 from boltbeam.files import write_atomic
 
@@ -96,9 +97,16 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_host() -> Target:
-    """The machine at hand, measured once and cached."""
+def measure_host() -> None:
+    """The machine at hand, measured and cached. Runs in a child process of its own (targets.measure_host_apart)."""
     m = measure(size_bytes=256 << 20, reps=7)
     text = target_toml(HOST, f"this machine ({platform.machine()}, {platform.processor() or 'cpu'})", m)
+    _load_file(text, "the host's measurement")   # refuse a measurement no chip could give before caching it
     write_atomic(host_cache_path(), text)
-    return _load_file(text, str(host_cache_path()))[HOST]
+
+
+if __name__ == "__main__":
+    try:
+        measure_host()
+    except BadInput as e:
+        sys.exit(f"{e}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -153,6 +155,18 @@ def get_target(name: str, extra_files: list[str] | None = None) -> Target:
     if name in targets:
         return targets[name]
     if name == HOST:
-        from boltbeam.bound.measure_target import measure_host
-        return measure_host()
-    raise BadInput(f"unknown target {name!r}; known: {', '.join(sorted([*targets, HOST]))}")
+        return measure_host_apart()
+    raise BadInput(f"unknown target {name!r}; known: {', '.join(sorted({*targets, HOST}))}")
+
+
+def measure_host_apart() -> Target:
+    """`host` measured once, in a child process on the CPU, and cached. Measured here, tinygrad would already
+    be running in this process when a later `profile` installs its recorder, which then misses the token."""
+    cache = host_cache_path()
+    print(f"boltbeam: measuring this machine's memory once (cached in {cache})", file=sys.stderr)
+    child = subprocess.run([sys.executable, "-m", "boltbeam.bound.measure_target"], env={**os.environ, "DEV": "CPU"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if child.returncode != 0 or not cache.is_file():
+        said = child.stderr.strip().splitlines()
+        raise BadInput(f"measuring the host failed: {said[-1] if said else f'exit {child.returncode}'}")
+    return _load_file(cache.read_text(), str(cache))[HOST]

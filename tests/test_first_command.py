@@ -1,0 +1,37 @@
+"""The README's first command as a newcomer runs it: a fresh HOME and an empty cache, so `host` is measured
+on first use (once, in a child process, before the profile's recorder starts) and the audit still closes."""
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+README = pathlib.Path(__file__).parent.parent / "README.md"
+
+
+def first_command() -> list[str]:
+    """The boltbeam part of the README's first command (after `bash scripts/setup.sh &&`), as written."""
+    block = README.read_text().split("```sh\n", 1)[1].split("```", 1)[0]
+    line = next(ln for ln in block.splitlines() if ".venv/bin/boltbeam" in ln and not ln.startswith("#"))
+    argv = shlex.split(line.split("&&", 1)[1])
+    assert argv[0] == ".venv/bin/boltbeam"
+    return argv[1:]
+
+
+def test_readme_first_command_on_an_empty_cache(tmp_path):
+    argv = first_command()
+    assert argv[:1] == ["audit"] and argv[argv.index("--target") + 1] == "host"
+    out = tmp_path / "audit"
+    argv[argv.index("--out") + 1] = str(out)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+    done = subprocess.run([sys.executable, "-m", "boltbeam", *argv, "--json"], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (home / ".cache" / "boltbeam" / "host.toml").is_file()        # measured on first use, and cached
+    assert sorted(p.name for p in out.iterdir()) == ["account.json", "audit.json", "report.html", "trace.json"]
+    doc = json.loads((out / "audit.json").read_text())
+    assert doc["context"] == int(argv[argv.index("--context") + 1])
+    assert json.loads(done.stdout)["report"] == str(out / "report.html")
