@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import subprocess
 import sys
 import tomllib
@@ -58,6 +59,7 @@ class Target:
     name: str
     description: str
     facts: dict[str, Fact]
+    device_name: str | None = None   # the name the driver gives the chip; a trace that recorded it needs no --target
 
     def fact(self, name: str) -> float | None:
         f = self.facts.get(name)
@@ -83,7 +85,7 @@ def _parse(name: str, body: Any, where: str) -> Target:
         raise BadInput(f"{where}: target {name!r} must be a table")
     facts = {}
     for key, f in body.items():
-        if key == "description":
+        if key in ("description", "device_name"):
             continue
         if not isinstance(f, dict) or not {"value", "unit", "status", "source", "date"} <= f.keys() <= FACT_KEYS \
                 or not all(isinstance(f[k], str) for k in f.keys() - {"value"}):
@@ -96,7 +98,10 @@ def _parse(name: str, body: Any, where: str) -> Target:
     for key in REQUIRED:
         if key not in facts:
             raise BadInput(f"{where}: target {name!r} lacks the fact {key!r}")
-    return Target(name, str(body.get("description", name)), facts)
+    device_name = body.get("device_name")
+    if device_name is not None and not (isinstance(device_name, str) and device_name.strip()):
+        raise BadInput(f"{where}: {name}.device_name must be the driver's name of the chip, as a string")
+    return Target(name, str(body.get("description", name)), facts, device_name)
 
 
 def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
@@ -157,6 +162,20 @@ def get_target(name: str, extra_files: list[str] | None = None) -> Target:
     if name == HOST:
         return measure_host_apart()
     raise BadInput(f"unknown target {name!r}; known: {', '.join(sorted({*targets, HOST}))}")
+
+
+def target_of(environment: dict[str, Any], extra_files: list[str] | None = None) -> Target:
+    """The target a trace ran on, from what it recorded: the declared target whose device_name is the chip's
+    name (an engine may add the driver's version after a comma), or `host` for a CPU trace taken on this
+    machine; else the user must say."""
+    name = environment.get("device_name") or ""
+    declared = [t for t in registry(extra_files).values() if t.device_name == name.split(",")[0].strip()]
+    if len(declared) == 1:
+        return declared[0]
+    if environment.get("device") == "CPU" and environment.get("host") == platform.node():
+        return get_target(HOST, extra_files)
+    raise BadInput(f"the trace ran on {name or 'a device it did not name'}, which "
+                   f"{'several targets declare' if declared else 'no target declares as its device_name'}: pass --target")
 
 
 def measure_host_apart() -> Target:

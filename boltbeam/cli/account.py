@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "close is refused (exit 3) naming the measurement that disagrees.")
     p.add_argument("trace", metavar="TRACE.json")
     _model_flags(p)
-    p.add_argument("--target", required=True, help="a target name (see `boltbeam targets`)")
+    p.add_argument("--target", help="a target name (see `boltbeam targets`; default: the one whose device_name the "
+                                    "trace recorded, or host for a CPU trace taken here)")
     p.add_argument("--no-hash-check", action="store_true",
                    help="skip checking the trace's model_sha256 against the model file")
     p.add_argument("--load-bytes", type=int, default=16, metavar="B",
@@ -33,11 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("compare", help="two traces of one model, region by region: who wins where, by how much",
                        description="Region by region in µs per token (per-token medians), the winner of each, the "
-                                   "net, and each region's distance from its floor (with --model and --target).")
+                                   "net, and each region's distance from its floor (with --model or --target).")
     p.add_argument("trace_a", metavar="TRACE_A.json")
     p.add_argument("trace_b", metavar="TRACE_B.json")
     _model_flags(p)
-    p.add_argument("--target", help="a target name, for floors (with --model)")
+    p.add_argument("--target", help="a target name, for floors (with --model or alone: the model is then "
+                                    "found as account finds it; --model alone finds the target so)")
     p.add_argument("--exclusive", action="store_true",
                    help="count each µs of a token's device time once: where kernels overlap, the time goes to the "
                         "kernel that started first (no overlap row); for an engine whose kernels start before their "
@@ -55,9 +57,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def _bound_for(model: str, args: argparse.Namespace, trace: Trace):
     from boltbeam.bound.roofline import bound
-    from boltbeam.bound.targets import get_target
+    from boltbeam.bound.targets import get_target, target_of
     from boltbeam.read.census import take_census
-    target = get_target(args.target, args.targets)
+    target = get_target(args.target, args.targets) if args.target else target_of(trace.environment, args.targets)
     context = trace.workload.get("context") or 0
     return bound(take_census(model), target, context=context, batch=1), target
 
@@ -145,10 +147,9 @@ def _print_account(acc, ret, trace_path: str, model: str) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     from boltbeam.account.compare import compare
     from boltbeam.measure import trace as tracefile
-    if bool(args.model) != bool(args.target):
-        raise BadInput("floors need both --model and --target (or neither)")
     a, b = tracefile.load(args.trace_a), tracefile.load(args.trace_b)
-    bound = _bound_for(args.model, args, a)[0] if args.model else None
+    # Floors where either is given; the other is found as `account` finds it.
+    bound = _bound_for(args.model or model_of(a), args, a)[0] if args.model or args.target else None
     cmp = compare(a, b, bound, exclusive=args.exclusive)
     if args.json:
         print_json({"trace_a": args.trace_a, "trace_b": args.trace_b, **cmp.to_dict()})

@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _page_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="a target name (see `boltbeam targets`)")
+    p.add_argument("--target", help="a target name (see `boltbeam targets`; default: the one whose device_name a "
+                                    "trace recorded, or host for a CPU trace taken here or a profile on the CPU)")
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--compare", action="append", default=[], metavar="FILE",
                    help="a second trace, or llama-bench JSON, to compare region by region (repeatable)")
@@ -64,12 +65,17 @@ def _page_flags(p: argparse.ArgumentParser) -> None:
 class _Inputs:
     """Everything the user handed in, read and checked before any long step runs."""
 
-    def __init__(self, args: argparse.Namespace, context: int | None):
+    def __init__(self, args: argparse.Namespace, context: int | None, trace=None):
         from boltbeam.account.compare import placed
         from boltbeam.account.price import price_of
-        from boltbeam.bound.targets import get_target
+        from boltbeam.bound.targets import HOST, get_target, target_of
         from boltbeam.report.audit import load_funnel, load_other, read_ledger
-        self.target = get_target(args.target, args.targets)
+        if args.target or trace is None and getattr(args, "device", None) == "CPU":
+            self.target = get_target(args.target or HOST, args.targets)
+        elif trace is not None:
+            self.target = target_of(trace.environment, args.targets)
+        else:
+            raise BadInput(f"audit on {args.device} needs --target (see `boltbeam targets`)")
         self.price = price_of(self.target, args.price_per_hour)
         self.others = [(path, load_other(path, context)) for path in args.compare]
         self.exclusive = args.exclusive
@@ -95,7 +101,7 @@ def run_audit(args: argparse.Namespace) -> int:
     model = resolve_model(args)
     given = tracefile.load(args.trace) if args.trace else None
     context = given.workload.get("context", args.context) if given else args.context
-    inputs = _Inputs(args, context)
+    inputs = _Inputs(args, context, given)
     out = writable_dir(args.out)
     started = time.monotonic()
     steps = Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
@@ -165,7 +171,7 @@ def run_report(args: argparse.Namespace) -> int:
     model = args.model or model_of(trace)
     if not args.no_hash_check:
         check_model(trace, model)
-    inputs = _Inputs(args, trace.workload.get("context"))
+    inputs = _Inputs(args, trace.workload.get("context"), trace)
     b = bound(take_census(model), inputs.target, context=trace.workload.get("context") or 0, batch=1)
     audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
                      funnel=inputs.funnel, exclusive=inputs.exclusive)

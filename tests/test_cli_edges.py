@@ -1,0 +1,76 @@
+"""The target and the model a trace recorded are found without flags; where they cannot be, one line says so."""
+import json
+import platform
+
+import pytest
+
+from boltbeam.bound.targets import HOST, get_target, target_of
+from boltbeam.cli import main
+from boltbeam.errors import BadInput
+from boltbeam.measure.trace import Kernel, Trace, save
+
+HOST_TOML = """[host]
+description = "this machine (test)"
+memory_bandwidth = { value = 2e10, unit = "B/s", status = "measured", source = "test", date = "2026-12-04" }
+"""
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def trace_file(tmp_path, model: str, **environment) -> str:
+    ks = [Kernel(token=0, index=i, name=f"k{i}", duration_us=40.0, start_us=50.0 * i, category="other")
+          for i in range(2)]
+    t = Trace(environment={"engine": "tinygrad", "model_path": model, **environment},
+              workload={"context": 0, "batch": 1}, route={"label": "test"}, token_wall_us=[100.0, 101.0],
+              provenance={"source": "profile"}, kernels=ks)
+    path = tmp_path / "t.json"
+    save(t, path)
+    return str(path)
+
+
+def test_the_chip_a_trace_names_is_its_target(tmp_path, monkeypatch):
+    assert target_of({"device_name": "NVIDIA H200"}).name == "h200"
+    assert target_of({"device_name": "NVIDIA H200, 580.159.04"}).name == "h200"   # llama.cpp adds the driver
+    with pytest.raises(BadInput, match="no target declares.*pass --target"):
+        target_of({"device_name": "NVIDIA H200 NVL"})                            # another product: never a guess
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "boltbeam").mkdir()
+    (tmp_path / "boltbeam" / "host.toml").write_text(HOST_TOML)
+    assert target_of({"device": "CPU", "host": platform.node()}).name == HOST
+    with pytest.raises(BadInput, match="pass --target"):
+        target_of({"device": "CPU", "host": platform.node() + "-elsewhere"})
+
+
+def test_unknown_target_lists_each_name_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "boltbeam").mkdir()
+    (tmp_path / "boltbeam" / "host.toml").write_text(HOST_TOML)
+    with pytest.raises(BadInput) as e:
+        get_target("no-such-chip")
+    known = str(e.value).split("known: ")[1].split(", ")
+    assert HOST in known and len(known) == len(set(known))
+
+
+def test_account_and_compare_find_target_and_model(capsys, tmp_path, tiny_model):
+    path = trace_file(tmp_path, tiny_model, device="CUDA", device_name="NVIDIA H200")
+    found = run(capsys, "account", path, "--json")
+    assert found == run(capsys, "account", path, "--model", tiny_model, "--target", "h200", "--json")
+    assert found[0] in (0, 3) and found[1]
+    floors = run(capsys, "compare", path, path, "--target", "h200", "--json")
+    assert floors[0] == 0 and floors == run(capsys, "compare", path, path, "--target", "h200", "--model", tiny_model,
+                                            "--json")
+    assert any(r["floor_us"] for r in json.loads(floors[1])["regions"])
+    bare = json.loads(run(capsys, "compare", path, path, "--json")[1])                # no flag: no floors
+    assert all(r["floor_us"] is None for r in bare["regions"])
+
+
+def test_a_trace_from_an_undeclared_chip_asks_for_target(capsys, tmp_path, tiny_model):
+    path = trace_file(tmp_path, tiny_model, device="CUDA", device_name="Some Future GPU")
+    for argv in (["account", path], ["report", path, "--out", tmp_path / "r.html"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and "pass --target" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
