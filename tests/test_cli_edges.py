@@ -74,3 +74,19 @@ def test_a_trace_from_an_undeclared_chip_asks_for_target(capsys, tmp_path, tiny_
         code, out, err = run(capsys, *argv)
         assert code == 2 and "pass --target" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+def test_synth_help_lists_the_presets(capsys):
+    from boltbeam.synth.shapes import presets
+    with pytest.raises(SystemExit):
+        main(["synth", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name} ({s.blocks} blocks" in shown for name, s in presets().items())
+
+
+def test_targets_print_counts_as_digits_and_names_whole(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["targets"]) == 0
+    out = capsys.readouterr().out
+    assert "65,536" in out and "6.554e+04" not in out                     # registers_per_multiprocessor
+    assert "max_threads_per_multiprocessor" in out                        # the longest fact name, unbroken

@@ -47,11 +47,18 @@ def run_targets(args) -> int:
         return 0
     c = console()
     for t in targets.values():
-        c.print(table(escape(f"{t.name}: {t.description}"), ["fact", "value", "unit", "status", "source", "date"],
-                      [(k, f"{f.value:.4g}", f.unit, f.status, f.source, f.date) for k, f in t.facts.items()], right=(1,)))
+        shown = table(escape(f"{t.name}: {t.description}"), ["fact", "value", "unit", "status", "source", "date"],
+                      [(k, _value(f.value), f.unit, f.status, f.source, f.date) for k, f in t.facts.items()], right=(1,))
+        shown.columns[0].no_wrap, shown.columns[0].min_width = True, max(map(len, t.facts))   # the source wraps instead
+        c.print(shown)
     if HOST not in targets:
         c.print(f"{HOST}: this machine, measured on first use (`boltbeam bound ... --target {HOST}`) and cached")
     return 0
+
+
+def _value(v: float) -> str:
+    """A count or a size in whole units as digits (65,536), anything else in four significant figures."""
+    return f"{v:,.0f}" if v.is_integer() and abs(v) < 1e7 else f"{v:.4g}"
 
 
 def run_measure_target(args) -> int:

@@ -7,6 +7,7 @@ from rich.markup import escape
 
 from boltbeam.errors import BadInput, Refused
 from boltbeam.report import console, fmt_bytes, print_json, table
+from boltbeam.synth.shapes import presets
 
 
 def default_model() -> str:
@@ -43,7 +44,10 @@ def register(sub) -> None:
     p = sub.add_parser("synth", help="write a shape-true synthetic GGUF with random but valid quant blocks")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--arch", required=True, help="GGUF architecture name (e.g. as in general.architecture)")
-    p.add_argument("--preset", help="a shape from boltbeam/synth/presets.toml")
+    shapes = presets()
+    p.add_argument("--preset", help="a shape from boltbeam/synth/presets.toml: "
+                   + "; ".join(f"{name} ({s.blocks} blocks, width {s.embedding}, {s.heads}/{s.kv_heads} heads, "
+                               f"ffn {s.ffn}, vocabulary {s.vocabulary})" for name, s in sorted(shapes.items())))
     p.add_argument("--mix", default="q4_k_m", help="tensor mix rule (q4_k_m, q8_0, q4_0, f16)")
     for dim in ("blocks", "embedding", "heads", "kv-heads", "head-dim", "ffn", "vocabulary", "context-length"):
         p.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")

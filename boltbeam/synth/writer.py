@@ -6,9 +6,7 @@ Quant blocks are random bytes with their fp16 scale fields overwritten by small 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, fields
-from importlib import resources
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -19,43 +17,10 @@ from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
 from boltbeam.files import atomic_path
 from boltbeam.read.roles import arch_of
+from boltbeam.synth.shapes import Shape, shape_from
 
 Q = GGMLQuantizationType
 T = MODEL_TENSOR
-
-
-@dataclass(frozen=True)
-class Shape:
-    blocks: int
-    embedding: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocabulary: int
-    context_length: int = 4096
-
-
-def presets() -> dict[str, Shape]:
-    data = tomllib.loads(resources.files("boltbeam.synth").joinpath("presets.toml").read_text())
-    return {name: Shape(**body) for name, body in data.items()}
-
-
-def shape_from(preset: str | None, **overrides: int | None) -> Shape:
-    table = presets()
-    if preset is not None and preset not in table:
-        raise BadInput(f"unknown preset {preset!r}; known: {', '.join(table)}")
-    base = vars(table[preset]).copy() if preset else {}
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    missing = [f.name for f in fields(Shape) if f.name not in base and f.default is f.default_factory]
-    if missing:
-        raise BadInput(f"synth needs --preset or all of: {', '.join(missing)}")
-    shape = Shape(**base)
-    if any(v <= 0 for v in vars(shape).values()):
-        raise BadInput("every dimension must be positive")
-    if shape.heads % shape.kv_heads:
-        raise BadInput("heads must be a multiple of kv_heads")
-    return shape
 
 
 # --- tensor mix rules: (tensor kind, block index, block count) -> weight format --------------
