@@ -58,7 +58,8 @@ def _page_flags(p: argparse.ArgumentParser) -> None:
                    help="the device's price per hour (default: the target's price_per_hour fact)")
     p.add_argument("--no-hash-check", action="store_true",
                    help="skip checking the trace's model_sha256 against the model file")
-    p.add_argument("--strict", action="store_true", help="exit 3 when the account does not close")
+    p.add_argument("--strict", action="store_true", help="exit 3 when the account does not close, or a tensor of "
+                   "the file was never read by a measured token")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -188,12 +189,15 @@ def _summarize(audit, html_path: Path, started: float, args: argparse.Namespace)
                "why": audit.no_account if acc is None else "; ".join(acc.refusals) or None,
                "usd_per_mtok": ret.measured.usd_per_mtok if ret else None,
                "usd_per_mtok_at_ceiling": ret.ceiling.usd_per_mtok if ret else None,
-               "biggest_whatif": ret.whatifs[0].label if ret and ret.whatifs else None}
+               "biggest_whatif": ret.whatifs[0].label if ret and ret.whatifs else None,
+               "tensors_read": None if audit.unread is None else audit.unread.sentence()}
     if args.json:
         report.print_json(summary)
     else:
         rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if v is not None]
         report.console().print(report.table(f"audit of {escape(audit.trace_path)}", ["field", "value"], rows))
-    if args.strict and acc is not None and acc.refusals:
-        raise Refused("; ".join(acc.refusals))
+    refusals = [*(acc.refusals if acc else []), *([audit.unread.sentence()] if audit.unread and not audit.unread.complete
+                                                  else [])]
+    if args.strict and refusals:
+        raise Refused("; ".join(refusals))
     return 0

@@ -9,7 +9,7 @@ import statistics
 from typing import Any
 
 from boltbeam import report
-from boltbeam.errors import BadInput
+from boltbeam.errors import BadInput, Refused
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
                                         import_nsys_gpu_trace)
@@ -211,8 +211,14 @@ def _decode_bar(first: str, total: int):
 
 def _profile(args: argparse.Namespace) -> int:
     from boltbeam.cli.read import resolve_model
+    from boltbeam.measure.unread import unread_tensors
+    from boltbeam.read.census import take_census
     model = resolve_model(args)
-    return _save_and_summarize(decode_trace(args, model), args, f"profiled {model}")
+    trace = decode_trace(args, model)
+    code = _save_and_summarize(trace, args, f"profiled {model}")
+    if (unread := unread_tensors(trace, take_census(model))) is not None and not unread.complete:
+        raise Refused(f"{unread.sentence()} (the trace is written to {args.out})")
+    return code
 
 
 def decode_trace(args: argparse.Namespace, model: str) -> Trace:

@@ -378,8 +378,11 @@ class Classifier:
         names = sorted({t.name for t in read})
         if not l.reads:
             return "constant", None, []
+        bases = lambda bs: {id(b.base) for b in bs}
         if read:
             weights = [t for t in read if t.role not in NORM_ROLES]
+            if not weights and bases(l.writes) & self.kv_bases:   # norms applied as the cache is stored (rotary)
+                return "kv_write", None, names
             main = max(weights or read, key=lambda t: t.bytes)
             role = main.role
             # With tied embeddings one table plays two roles: a lookup moves a row, the output
@@ -387,7 +390,6 @@ class Classifier:
             if self.tied and role == "token_embd" and (l.mem or 0) >= main.bytes // 2:
                 role = "output"
             return ("weights" if weights else "norm"), role, names
-        bases = lambda bs: {id(b.base) for b in bs}
         if bases(l.writes) & self.kv_bases:
             return "kv_write", None, []
         if bases(l.reads) & self.kv_bases:

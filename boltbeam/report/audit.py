@@ -21,6 +21,8 @@ from boltbeam.ledger.store import Entry, Ledger
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import import_llama_bench
 from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.measure.unread import Unread, unread_tensors
+from boltbeam.read.census import take_census
 from boltbeam.report.chrome import kernel_offsets_us
 
 
@@ -70,6 +72,7 @@ class Audit:
     ledger_path: str | None = None
     ledger: list[Entry] = field(default_factory=list)
     funnel: Funnel | None = None
+    unread: Unread | None = None      # the file's tensors the token did not read (None: the trace cannot say)
 
     @property
     def wall_us(self) -> float:
@@ -96,7 +99,8 @@ class Audit:
                 "returns": self.returns.to_dict() if self.returns else None,
                 "compared": [{"path": c.path, **c.comparison.to_dict()} for c in self.compared],
                 "ledger": self.ledger_path, "ledger_entries": len(self.ledger),
-                "search": None if self.funnel is None else {"path": self.funnel.path, **dict(self.funnel.steps)}}
+                "search": None if self.funnel is None else {"path": self.funnel.path, **dict(self.funnel.steps)},
+                "tensors_read": self.unread.to_dict() if self.unread else None}
 
 
 def load_other(path: str, context: int | None) -> Trace:
@@ -123,7 +127,7 @@ def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: B
     compared = [Compared(path, compare(trace, other, bound, exclusive)) for path, other in others]
     ledger_path, entries = ledger or (None, [])
     return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
-                 compared, ledger_path, entries, funnel)
+                 compared, ledger_path, entries, funnel, unread_tensors(trace, take_census(model)))
 
 
 def read_ledger(path: str) -> tuple[str, list[Entry]]:

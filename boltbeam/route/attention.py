@@ -469,6 +469,10 @@ def install(net, census, model_path: str, setting: Split) -> Prepared:
         if setting.rotary:
             if (why := rotary.unfit(block)) is None:
                 attention = rotary.RotaryAttention(block, attention, True, setting.pooled)   # (kernel: groups checked)
+                for w, role in zip(attention.weights, ("attn_q_norm", "attn_k_norm")):   # its copies of the norms
+                    if w is not None:
+                        prepared.placed[id(w.uop.base.buffer.base)] = tuple(
+                            t for t in census.tensors if t.block == i and t.role == role)
             else:
                 kept[why] = kept.get(why, 0) + 1
 
