@@ -4,7 +4,7 @@ import platform
 
 import pytest
 
-from boltbeam.bound.targets import HOST, get_target, target_of
+from boltbeam.bound.targets import HOST, get_target, host_cache_path, target_of
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.measure.trace import Kernel, Trace, save
@@ -13,6 +13,12 @@ HOST_TOML = """[host]
 description = "this machine (test)"
 memory_bandwidth = { value = 2e10, unit = "B/s", status = "measured", source = "test", date = "2026-12-04" }
 """
+
+
+def cached_host(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host_cache_path().parent.mkdir()
+    host_cache_path().write_text(HOST_TOML)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -37,18 +43,14 @@ def test_the_chip_a_trace_names_is_its_target(tmp_path, monkeypatch):
     assert target_of({"device_name": "NVIDIA H200, 580.159.04"}).name == "h200"   # llama.cpp adds the driver
     with pytest.raises(BadInput, match="no target declares.*pass --target"):
         target_of({"device_name": "NVIDIA H200 NVL"})                            # another product: never a guess
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    (tmp_path / "boltbeam").mkdir()
-    (tmp_path / "boltbeam" / "host.toml").write_text(HOST_TOML)
+    cached_host(tmp_path, monkeypatch)
     assert target_of({"device": "CPU", "host": platform.node()}).name == HOST
     with pytest.raises(BadInput, match="pass --target"):
         target_of({"device": "CPU", "host": platform.node() + "-elsewhere"})
 
 
 def test_unknown_target_lists_each_name_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    (tmp_path / "boltbeam").mkdir()
-    (tmp_path / "boltbeam" / "host.toml").write_text(HOST_TOML)
+    cached_host(tmp_path, monkeypatch)
     with pytest.raises(BadInput) as e:
         get_target("no-such-chip")
     known = str(e.value).split("known: ")[1].split(", ")
@@ -90,3 +92,20 @@ def test_targets_print_counts_as_digits_and_names_whole(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "65,536" in out and "6.554e+04" not in out                     # registers_per_multiprocessor
     assert "max_threads_per_multiprocessor" in out                        # the longest fact name, unbroken
+
+
+def test_the_host_declares_what_a_cpu_search_needs():
+    """`host` as measured: its vector registers and cores, no thread groups; BubbleBeam then keeps the CPU's
+    space (upcasts and unrolls that fit the registers), where before it refused every setting."""
+    from boltbeam.bound.measure_target import cpu_facts, target_toml
+    from boltbeam.bound.targets import _load_file
+    from boltbeam.search.space import KernelShape, propose, searchable
+    measured = {"device": "CPU", "size_bytes": 1 << 28, "read_bandwidth": 2e10, "read_samples_s": [0.01] * 3,
+                "copy_bandwidth": 1.5e10, "copy_samples_s": [0.02] * 3}
+    host = _load_file(target_toml(HOST, "test", measured) + cpu_facts(), "test")[HOST]
+    assert host.fact("max_threads_per_group") is None and host.fact("multiprocessors") >= 1
+    space = propose(KernelShape("k0", "r_256_1024", output=256, reduce=1024, outputs=256, output_axis=0),
+                    searchable("tinygrad_opts"), host)
+    assert space.legal and all(s["local"] == 1 and s["group"] == 1 for s in space.legal)
+    assert any(s["upcast"] > 1 or s["unroll"] > 1 for s in space.legal)
+    assert all(s["upcast"] * s["unroll"] * 2 <= host.fact("registers_per_thread") for s in space.legal)

@@ -7,6 +7,8 @@ import shlex
 import subprocess
 import sys
 
+from boltbeam.bound.targets import host_cache_path
+
 README = pathlib.Path(__file__).parent.parent / "README.md"
 
 
@@ -19,7 +21,7 @@ def first_command() -> list[str]:
     return argv[1:]
 
 
-def test_readme_first_command_on_an_empty_cache(tmp_path):
+def test_readme_first_command_on_an_empty_cache(tmp_path, monkeypatch):
     argv = first_command()
     assert argv[:1] == ["audit"] and argv[argv.index("--target") + 1] == "host"
     out = tmp_path / "audit"
@@ -30,7 +32,8 @@ def test_readme_first_command_on_an_empty_cache(tmp_path):
     done = subprocess.run([sys.executable, "-m", "boltbeam", *argv, "--json"], env=env, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (home / ".cache" / "boltbeam" / "host.toml").is_file()        # measured on first use, and cached
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    assert host_cache_path().is_file()                                  # measured on first use, and cached
     assert sorted(p.name for p in out.iterdir()) == ["account.json", "audit.json", "report.html", "trace.json"]
     doc = json.loads((out / "audit.json").read_text())
     assert doc["context"] == int(argv[argv.index("--context") + 1])

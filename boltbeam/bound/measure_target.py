@@ -3,10 +3,12 @@ the result as a target entry with status `measured`. `host` is this, cached on f
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from boltbeam.bound.targets import HOST, _load_file, host_cache_path
@@ -97,10 +99,29 @@ def target_toml(name: str, description: str, m: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_facts() -> str:
+    """The CPU's facts that the search's rules read, in target TOML: its vector registers (what a kernel's
+    upcast and unrolled values are held in) and its cores. A CPU has no thread groups: it declares none."""
+    today, lines = dt.date.today().isoformat(), []
+    machine = platform.machine().lower()
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text(errors="replace").split() if cpuinfo.is_file() else []
+    registers = (32, "x86-64 with AVX-512 (avx512f in /proc/cpuinfo): 32 vector registers") if "avx512f" in flags \
+        else (16, "x86-64: 16 vector registers") if machine in ("x86_64", "amd64") \
+        else (32, "AArch64: 32 SIMD and floating-point registers") if machine in ("aarch64", "arm64") else None
+    if registers:
+        lines.append(f'registers_per_thread = {{ value = {registers[0]}, unit = "count", status = "spec", '
+                     f'source = "{registers[1]}", date = "{today}" }}')
+    if cores := os.cpu_count():
+        lines.append(f'multiprocessors = {{ value = {cores}, unit = "count", status = "measured", '
+                     f'source = "os.cpu_count(): the cores this process sees", date = "{today}" }}')
+    return "".join(line + "\n" for line in lines)
+
+
 def measure_host() -> None:
     """The machine at hand, measured and cached. Runs in a child process of its own (targets.measure_host_apart)."""
     m = measure(size_bytes=256 << 20, reps=7)
-    text = target_toml(HOST, f"this machine ({platform.machine()}, {platform.processor() or 'cpu'})", m)
+    text = target_toml(HOST, f"this machine ({platform.machine()}, {platform.processor() or 'cpu'})", m) + cpu_facts()
     _load_file(text, "the host's measurement")   # refuse a measurement no chip could give before caching it
     write_atomic(host_cache_path(), text)
 
