@@ -162,10 +162,9 @@ def test_host_is_measured_once_then_cached(tmp_path, monkeypatch):
     assert first.returncode == 0, first.stderr[-2000:]
     status, bandwidth = first.stdout.split()
     assert status == "measured" and float(bandwidth) > 1e8
-    cache = tmp_path / "boltbeam" / "host.toml"
-    assert cache.is_file()
-    # The second use reads the cache: measuring again would fail here.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    import boltbeam.bound.measure_target as mt
-    monkeypatch.setattr(mt, "measure", lambda **kw: (_ for _ in ()).throw(AssertionError("measured twice")))
+    from boltbeam.bound import targets
+    assert targets.host_cache_path().is_file()
+    # The second use reads the cache: measuring again (in a child process) would fail here.
+    monkeypatch.setattr(targets.subprocess, "run", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("measured twice")))
     assert get_target("host").bandwidth == float(bandwidth)
