@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,7 +19,11 @@ def _no_constant(name: str) -> Any:
 
 
 GZIP_MAGIC = b"\x1f\x8b"
-MAX_UNPACKED = 1 << 30     # a gzipped JSON file may unpack to 1 GiB at most (no gzip bomb reaches memory)
+# A JSON input, plain or gzipped, holds at most MAX_UNPACKED bytes of text and MAX_VALUES values (each a
+# Python object once parsed, tens of bytes where the text spends two: the bytes alone do not bound the
+# memory a parse takes). Both are checked before parsing: no gzip bomb or swollen file reaches memory.
+MAX_UNPACKED = 256 << 20
+MAX_VALUES = 16_000_000
 
 
 def load_json(path: str | os.PathLike, what: str) -> Any:
@@ -29,14 +34,7 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
     if not p.is_file():
         raise BadInput(f"{what} {p}: no such file")
     try:
-        with p.open("rb") as f:
-            if f.read(2) != GZIP_MAGIC:
-                f.seek(0)
-                return json.load(f, parse_constant=_no_constant)
-        with gzip.open(p, "rb") as g:
-            data = g.read(MAX_UNPACKED + 1)
-        if len(data) > MAX_UNPACKED:
-            raise BadInput(f"{what} {p}: unpacks to more than {MAX_UNPACKED:,} bytes")
+        data = _json_text(p, what)
         return json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         raise BadInput(f"{what} {p}: nested too deeply to be what it claims") from None
@@ -44,29 +42,107 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
         raise BadInput(f"{what} {p}: not valid JSON ({e.__class__.__name__}: {e})") from None
 
 
+def _json_text(p: Path, what: str) -> bytes:
+    """The file's JSON text (unpacked when gzipped), refused before parsing when it is too big to parse."""
+    with p.open("rb") as f:
+        packed = f.read(2) == GZIP_MAGIC
+        f.seek(0)
+        if not packed and os.fstat(f.fileno()).st_size > MAX_UNPACKED:
+            raise BadInput(f"{what} {p}: more than {MAX_UNPACKED:,} bytes of JSON, past what BoltBeam reads")
+        data = (gzip.GzipFile(fileobj=f) if packed else f).read(MAX_UNPACKED + 1)
+    if len(data) > MAX_UNPACKED:
+        raise BadInput(f"{what} {p}: {'unpacks to' if packed else 'holds'} more than {MAX_UNPACKED:,} bytes")
+    # every value but a container's first follows a comma: this bounds the objects the parse would make
+    values = sum(data.count(c) for c in (b",", b"[", b"{")) + 1
+    if values > MAX_VALUES:
+        raise BadInput(f"{what} {p}: holds up to {values:,} values, more than the {MAX_VALUES:,} BoltBeam parses")
+    return data
+
+
+# The files the running command reads (the values of its arguments that name files), by identity (device
+# and inode), each with what it is: no output may replace one, whatever path names it (relative, a link,
+# a hard link). The CLI fills it for the length of one command.
+_inputs: dict[tuple[int, int], str] = {}
+
+
+def _lstat(p: Path) -> os.stat_result | None:
+    """The path's own status; None when nothing is there. A name the file system cannot hold is bad input."""
+    try:
+        return os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise BadInput(f"{p}: {e.strerror or e}") from None
+
+
+def _identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):   # missing, unreadable, a name too long, a NUL byte: not a file it reads
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+@contextlib.contextmanager
+def reading(named: list[tuple[str, str | os.PathLike]]) -> Iterator[None]:
+    """While the block runs, the files among `named` ((what it is, path) pairs) are the command's inputs:
+    writing onto one is refused."""
+    added = {ident: f"{what} {path}" for what, path in named if (ident := _identity(path)) and ident not in _inputs}
+    _inputs.update(added)
+    try:
+        yield
+    finally:
+        for ident in added:
+            del _inputs[ident]
+
+
 def replaceable(path: str | os.PathLike) -> Path:
-    """The path, when a new file may take its place: nothing there yet, or a regular file."""
+    """The path, when a new file may take its place: nothing there yet, or a regular file that is none of
+    the command's inputs."""
     p = Path(path)
-    if p.is_dir():
+    st = _lstat(p)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise BadInput(f"{p} is a folder, not a file to write")
-    if p.is_symlink() or (p.exists() and not p.is_file()):
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise BadInput(f"{p} is not a regular file (a link, a device, a pipe): left untouched")
+    if st is not None and (input_ := _inputs.get((st.st_dev, st.st_ino))):
+        raise BadInput(f"{p} is this command's input ({input_}): it would be replaced by an output; write elsewhere")
     return p
 
 
-def writable_dir(path: str) -> Path:
-    """An output folder, made if missing; one clear line when it cannot be."""
+def check_outputs(paths: list[str | os.PathLike]) -> None:
+    """Before a command runs: every output it will write may be replaced, and no two are one file."""
+    seen: dict[str, Path] = {}
+    for p in map(replaceable, paths):
+        if (real := os.path.realpath(p)) in seen:
+            raise BadInput(f"{seen[real]} and {p} are one file: name two outputs")
+        seen[real] = p
+
+
+def output_dir(path: str | os.PathLike) -> Path:
+    """An output folder, checked but not made (write_all makes it with its files): one clear line when it
+    cannot be made or written."""
     if not str(path).strip():
         raise BadInput("the output folder is empty: name one")
     d = Path(path)
-    if d.exists() and not d.is_dir():
+    st = _lstat(d)
+    if st is not None and not d.is_dir():
         raise BadInput(f"--out {d}: exists and is not a folder")
+    nearest = next(a for a in (d.absolute(), *d.absolute().parents) if os.path.lexists(a))
+    if not nearest.is_dir():
+        raise BadInput(f"--out {d}: cannot make the folder ({nearest} is not a folder)")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise BadInput(f"--out {d}: not writable")
+    return d
+
+
+def writable_dir(path: str | os.PathLike) -> Path:
+    """An output folder, made if missing; one clear line when it cannot be."""
+    d = output_dir(path)
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"--out {d}: cannot make the folder ({e.strerror or e})") from None
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise BadInput(f"--out {d}: not writable")
     return d
 
 
@@ -77,7 +153,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     p = replaceable(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+        # (the name cut short: a temporary name must fit where the file's own fits)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".partial", dir=p.parent)
     except OSError as e:
         raise BadInput(f"cannot write {p}: {e.strerror or e}") from None
     os.close(fd)
@@ -93,6 +170,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def write_all(files: dict[Path, str | bytes]) -> None:
+    """Write every file or none: each into a temporary file beside it, renamed into place only once all are
+    made; on a failure (a full disk) the temporary files, and the folders made for them, are removed."""
+    for p in files:
+        replaceable(p)
+    made = [d for p in files for d in reversed([p.parent, *p.parent.parents]) if not os.path.lexists(d)]
+    try:
+        with contextlib.ExitStack() as stack:
+            for path, data in files.items():
+                stack.enter_context(atomic_path(path)).write_bytes(data.encode() if isinstance(data, str) else data)
+    except BaseException:
+        for d in reversed(dict.fromkeys(made)):   # deepest first; only what this call made, and only if empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -104,8 +198,12 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
+def json_text(obj: Any) -> str:
+    return json.dumps(obj, indent=1) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=1) + "\n")
+    write_atomic(path, json_text(obj))
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:

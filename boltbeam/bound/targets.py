@@ -2,7 +2,6 @@
 (the machine at hand, measured on first use and cached). A new GPU is a data edit."""
 from __future__ import annotations
 
-import math
 import os
 import platform
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from boltbeam.errors import BadInput
+from boltbeam.units import is_number
 
 STATUSES = ("spec", "measured", "derived")
 REQUIRED = ("memory_bandwidth",)
@@ -113,8 +113,9 @@ def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
         raise BadInput(f"{where}: unit {f['unit']!r} measures {dim}; this fact is a {dimension} "
                        f"(e.g. {BASE[dimension]})")
     v = f["value"]
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or (v <= 0 and not signed):
-        raise BadInput(f"{where}: value must be a {'finite' if signed else 'positive'} number, not {v!r}")
+    # bounded before any conversion (10**309 is one line); past a chip's range, the check below says so
+    if not is_number(v, sys.float_info.max) or (v <= 0 and not signed):
+        raise BadInput(f"{where}: value must be a {'finite' if signed else 'positive'} number, not {repr(v)[:40]}")
     low, high = PLAUSIBLE[dim]
     if v != 0 and not low <= abs(v * factor) <= high:
         raise BadInput(f"{where}: {v:g} {f['unit']} is outside what any chip has ({low:g} to {high:g} "
@@ -125,8 +126,8 @@ def _fact(f: dict, where: str, signed: bool, dimension: str | None) -> Fact:
 def _load_file(text: str, where: str) -> dict[str, Target]:
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{where}: not valid TOML ({e})") from None
+    except (tomllib.TOMLDecodeError, ValueError) as e:   # ValueError: an integer past int()'s 4,300 digits
+        raise BadInput(f"{where}: not valid TOML ({str(e)[:200]})") from None
     return {name: _parse(name, body, where) for name, body in data.items()}
 
 

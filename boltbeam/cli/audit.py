@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _page_flags(p)
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the trace, the account, audit.json and "
                                                                "report.html")
-    p.set_defaults(func=run_audit)
+    p.set_defaults(func=run_audit, out_files=lambda a: OUTPUTS[1:] if a.trace else OUTPUTS)   # a trace given is not rewritten
 
     p = sub.add_parser("report", help="one self-contained HTML page of a trace's audit (no network needed to open)",
                        description="The roofline, the tie-out waterfall, region comparisons, one token's timeline "
@@ -92,10 +92,11 @@ def run_audit(args: argparse.Namespace) -> int:
 
     from boltbeam.bound.roofline import bound
     from boltbeam.cli.account import check_model
+    from boltbeam.cli.depth import check_depth
     from boltbeam.cli.measure import decode_trace
     from boltbeam.cli.read import resolve_model
     from boltbeam.measure import trace as tracefile
-    from boltbeam.files import writable_dir
+    from boltbeam.files import output_dir
     from boltbeam.read.census import take_census
     if args.trace is None and args.device is None:
         raise BadInput("audit needs --device to profile (or --trace to audit a trace already taken)")
@@ -103,7 +104,7 @@ def run_audit(args: argparse.Namespace) -> int:
     given = tracefile.load(args.trace) if args.trace else None
     context = given.workload.get("context", args.context) if given else args.context
     inputs = _Inputs(args, context, given)
-    out = writable_dir(args.out)
+    out = output_dir(args.out)   # made with its files: a failed audit leaves no folder behind
     started = time.monotonic()
     steps = Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
                      console=report.console(), transient=True)
@@ -114,6 +115,7 @@ def run_audit(args: argparse.Namespace) -> int:
     with steps:
         task = steps.add_task("census", total=None)
         census = take_census(model)
+        check_depth(census, context or 0)
         step("floors")
         b = bound(census, inputs.target, context=context or 0, batch=1)
         if given is not None:
@@ -129,10 +131,8 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profiled: bool):
-    """Assemble the audit and write its files, each whole or not at all; nothing is written until all
-    of them are made."""
-    from boltbeam.files import replaceable, write_atomic, write_json
-    from boltbeam.measure import trace as tracefile
+    """Assemble the audit and write its files, all together or none."""
+    from boltbeam.files import json_text, write_all
     from boltbeam.report.audit import assemble
     from boltbeam.report.page import render
     audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
@@ -140,15 +140,10 @@ def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profil
     html = _checked_size(render(audit))
     acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
                "returns": audit.returns.to_dict() if audit.returns else None}
-    for name in OUTPUTS:   # every file can be written before any is: all or nothing
-        replaceable(out / name)
-    if profiled:
-        tracefile.save(trace, out / "trace.json")
-    if audit.account:
-        write_json(out / "account.json", acc_doc)
-    write_json(out / "audit.json", audit.to_dict())
     html_path = out / "report.html"
-    write_atomic(html_path, html)
+    write_all({**({out / "trace.json": json_text(trace.to_dict())} if profiled else {}),
+               **({out / "account.json": json_text(acc_doc)} if audit.account else {}),
+               out / "audit.json": json_text(audit.to_dict()), html_path: html})
     return html_path, audit
 
 

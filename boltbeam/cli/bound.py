@@ -90,8 +90,10 @@ def run_measure_target(args) -> int:
 def run_bound(args) -> int:
     from boltbeam.bound.roofline import bound
     from boltbeam.bound.targets import get_target
+    from boltbeam.cli.depth import check_depth
     from boltbeam.read.census import take_census
     census = take_census(resolve_model(args))
+    check_depth(census, args.context)
     b = bound(census, get_target(args.target, args.targets), context=args.context, batch=args.batch,
               kv_bytes_per_element=args.kv_bytes)
     d = b.to_dict()

@@ -17,11 +17,12 @@ if TYPE_CHECKING:
 
 
 def _positive_us(text: str) -> float:
+    from boltbeam.units import real
     try:
-        value = float(text)
+        value = real(text)
     except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
+        value = 0.0
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of µs, not {text!r}")
     return value
 

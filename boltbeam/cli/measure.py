@@ -223,6 +223,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 def decode_trace(args: argparse.Namespace, model: str) -> Trace:
     """The profile flags' decode, by the engine they name."""
+    from boltbeam.cli.depth import check_depth
+    from boltbeam.read.census import take_census
+    check_depth(take_census(model), args.context, args.tokens + args.warmup)   # before the prompt is built
     return llama_trace(args, model) if args.engine == "llama.cpp" else profile_trace(args, model)
 
 

@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "whose workers offer a GPU resource and see the model and --out at these paths")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, out_files=lambda a: OUTPUTS)
 
     p = sub.add_parser("search-calibrate", help="fit FutureSight's constants to settings searches have timed",
                        description="Reads searches' summaries and ledgers (pairs: --summary S --ledger L, repeatable), "
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from boltbeam.bound.targets import get_target
+    from boltbeam.cli.depth import check_depth
     from boltbeam.cli.measure import families_of, layout_of
     from boltbeam.cli.read import resolve_model
     from boltbeam.files import sha256_file, writable_dir, write_json
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     _facts_needed(fam, target)
     layout = layout_of(args.layout, None)
     census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
+    check_depth(census, args.context, args.tokens)   # before a prompt is built
     started = time.monotonic()
     os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
     from boltbeam.search import fanout
@@ -175,6 +177,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     """A family judged on the whole token: each of its settings, FutureSight's best first (route/choose.py)."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
+    from boltbeam.cli.depth import check_depth
     from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
@@ -196,6 +199,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
         raise BadInput("--alone-from orders the geometries --alone times: give --alone K too")
     earlier = alone_timing.earlier_times(args.alone_from) if args.alone_from else None
     census = take_census(model)
+    check_depth(census, args.context, args.tokens)
     sha = sha256_file(model)
     on = None
     if args.on:

@@ -3,7 +3,8 @@ one of the eight verdicts out, each with its reasons in plain sentences and the 
 
 promote needs five gates to pass, each read from the traces and the checks:
 
-  correct  the candidate's output tokens match the baseline's (within `token_tolerance`)
+  correct  the candidate's output tokens match a reference engine's where the checks carry its tokens, else the
+           baseline's (within `token_tolerance`); the judgement says which (checked_against)
   route    the candidate's route label (provenance of what executed) is `expected_route`
   faster   the whole token is faster beyond noise: a one-sided Mann-Whitney U test at `alpha` AND both
            ends of the bootstrap interval of the median's relative change beyond `threshold`
@@ -13,7 +14,7 @@ promote needs five gates to pass, each read from the traces and the checks:
 The verdict, first rule that applies:
 
   adapter-incomplete       the evidence cannot be read safely: a trace with no samples, A and B on
-                           different workloads or models, or a measurement error (a token faster than
+                           different workloads, models, devices or engines, or a measurement error (a token faster than
                            its physics floor); the CLI refuses (exit 3) on a measurement error
   diagnostic               B ran the same route as A: a measurement of noise, no claim about a change
   search-space-incomplete  the checks say the search space cannot express the candidate yet
@@ -42,10 +43,13 @@ Checks file: one JSON object; every key is optional and an unknown key is bad in
   candidate_id        str    the id the ledger records; default the candidate's route label
   reopen              str    when a refuted or inexpressible idea may be tried again; default written
                              from what failed
+  reference_tokens    [int]  a reference engine's greedy tokens on the same prompt ids (what `profile --engine
+                             llama.cpp` records as output_tokens): the candidate's must equal them over the steps
+                             both decoded (within token_tolerance); without them the output is held to the baseline's
+  reference_engine    str    the engine that decoded reference_tokens; required with them
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
@@ -59,6 +63,7 @@ from boltbeam.files import load_json
 from boltbeam.judge.verdicts import (ADAPTER_INCOMPLETE, DEFER, DIAGNOSTIC, INCONCLUSIVE, NEEDS_REOPEN,
                                      PROMOTE, REFUTE, SEARCH_SPACE_INCOMPLETE)
 from boltbeam.measure.trace import Trace
+from boltbeam.units import is_number
 
 PASS, FAIL, NO_EVIDENCE = "pass", "fail", "no-evidence"
 MIN_SAMPLES = 5                 # per side; fewer is no evidence about speed
@@ -66,20 +71,22 @@ BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0              # fixed: the same traces always get the same interval and verdict
 MEASUREMENT_ERROR = "measurement error:"
 
-# Workload facts that must match between A and B for the comparison to mean anything.
-SAME_WORKLOAD = (("workload", "context"), ("workload", "batch"), ("environment", "model_sha256"))
+# Workload facts that must match between A and B for the comparison to mean anything: the same model at the
+# same depth and batch, on the same device through the same engine (a CUDA token against a CPU one, or
+# llama.cpp's against tinygrad's, says nothing about a route).
+SAME_WORKLOAD = (("workload", "context"), ("workload", "batch"), ("environment", "model_sha256"),
+                 ("environment", "device"), ("environment", "engine"))
 
 # When a refuted idea may come back, by the gate that failed (used when the checks give no `reopen`).
 REOPEN_WHEN = {
-    "correct": "the route produces the baseline's output tokens",
+    "correct": "the route produces the output tokens it was held to (a reference engine's, else the baseline's)",
     "route": "the intended route runs without falling back",
     "faster": "a new compiler, target or workload could make the whole token faster beyond noise",
     "memory": "its peak memory fits the target's capacity",
 }
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+_is_number = is_number   # (bounded: an integer too big for a float is no number here)
 
 
 def _is_text(v: Any) -> bool:
@@ -101,6 +108,9 @@ _CHECK_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "missing_capability": (_is_text, "a non-empty string"),
     "candidate_id": (_is_text, "a non-empty string"),
     "reopen": (_is_text, "a non-empty string"),
+    "reference_tokens": (lambda v: isinstance(v, list) and len(v) > 0 and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v), "a non-empty list of token ids"),
+    "reference_engine": (_is_text, "a non-empty string"),
 }
 
 
@@ -119,6 +129,8 @@ class Checks:
     missing_capability: str | None = None
     candidate_id: str | None = None
     reopen: str | None = None
+    reference_tokens: list[int] | None = None   # a reference engine's greedy tokens on the same prompt ids
+    reference_engine: str | None = None
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "checks") -> Checks:
@@ -132,6 +144,9 @@ class Checks:
                 raise BadInput(f"{where}: {key!r} must be {what}, not {value!r}")
         if d.get("expressible") is False and "expressible_reason" not in d:
             raise BadInput(f"{where}: 'expressible' is false but 'expressible_reason' does not say why")
+        if ("reference_tokens" in d) != ("reference_engine" in d):
+            raise BadInput(f"{where}: 'reference_tokens' and 'reference_engine' go together (the tokens, and the "
+                           f"engine that decoded them)")
         return cls(**d)
 
 
@@ -173,6 +188,7 @@ class Judgement:
     candidate_id: str
     scope: dict[str, Any]       # what the verdict applies to, as the ledger records it
     reopen: str | None          # set for the verdicts that close an idea
+    checked_against: str        # what the output was held to: "reference engine E", or the baseline's route only
 
     @property
     def measurement_error(self) -> bool:
@@ -182,7 +198,8 @@ class Judgement:
         return {"verdict": self.verdict, "reasons": self.reasons,
                 "gates": {name: g._asdict() for name, g in self.gates.items()},
                 "effect": asdict(self.effect) if self.effect else None, "numbers": self.numbers,
-                "candidate_id": self.candidate_id, "scope": self.scope, "reopen": self.reopen}
+                "candidate_id": self.candidate_id, "scope": self.scope, "reopen": self.reopen,
+                "checked_against": self.checked_against}
 
 
 def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judgement:
@@ -192,7 +209,8 @@ def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judge
     if not problems and min(len(baseline.token_wall_us), len(candidate.token_wall_us)) >= MIN_SAMPLES:
         effect = measure_effect(baseline.token_wall_us, candidate.token_wall_us, checks.alpha)
     gates = {} if problems else {
-        "correct": correct_gate(baseline, candidate, checks.token_tolerance),
+        "correct": correct_gate(baseline, candidate, checks.token_tolerance) if checks.reference_tokens is None
+        else reference_gate(candidate, checks.reference_engine, checks.reference_tokens, checks.token_tolerance),
         "route": route_gate(candidate, checks.expected_route),
         "faster": faster_gate(effect, baseline, candidate, checks),
         "memory": memory_gate(candidate, checks.capacity_bytes),
@@ -205,7 +223,7 @@ def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judge
     return Judgement(verdict=verdict, reasons=reasons, gates=gates, effect=effect,
                      numbers=_numbers(baseline, candidate, checks),
                      candidate_id=checks.candidate_id or str(candidate.route.get("label") or "unlabelled"),
-                     scope=scope_of(candidate), reopen=reopen)
+                     scope=scope_of(candidate), reopen=reopen, checked_against=checked_against(baseline, checks))
 
 
 def judge_processes(baselines: list[Trace], candidates: list[Trace], checks: Checks = Checks()) -> Judgement:
@@ -312,6 +330,13 @@ def _token_mismatch(baseline: Trace, candidate: Trace) -> tuple[int, int]:
     return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)), max(len(a), len(b))
 
 
+def checked_against(baseline: Trace, checks: Checks) -> str:
+    """What the correct gate held the candidate's output to."""
+    if checks.reference_engine is not None:
+        return f"reference engine {checks.reference_engine}"
+    return f"the baseline's route only ({baseline.route.get('label') or 'unlabelled'}): no reference engine"
+
+
 def correct_gate(baseline: Trace, candidate: Trace, tolerance: float) -> Gate:
     for name, trace in (("baseline", baseline), ("candidate", candidate)):
         if not trace.output_tokens:
@@ -320,6 +345,24 @@ def correct_gate(baseline: Trace, candidate: Trace, tolerance: float) -> Gate:
     found = f"{differing} of {compared} output tokens differ from the baseline ({differing / compared:.1%})"
     if differing / compared > tolerance:
         return Gate(FAIL, f"the output changed: {found}, over the tolerance of {tolerance:.1%}")
+    return Gate(PASS, f"the output is still correct: {found}, tolerance {tolerance:.1%} (checked against "
+                      f"{checked_against(baseline, Checks())})")
+
+
+def reference_gate(candidate: Trace, engine: str, reference: list[int], tolerance: float) -> Gate:
+    """The candidate's greedy tokens against a reference engine's on the same prompt ids, over the steps both
+    decoded (the engines' runs decode different numbers of tokens)."""
+    out = candidate.output_tokens
+    if not out:
+        return Gate(NO_EVIDENCE, f"the candidate trace records no output tokens, so its output is unchecked "
+                                 f"against reference engine {engine}")
+    compared = min(len(out), len(reference))
+    differing = [i for i, (a, b) in enumerate(zip(out, reference)) if a != b]
+    found = (f"{len(differing)} of the {compared} greedy tokens both decoded differ from reference engine {engine}'s"
+             + (f" (the first at step {differing[0]}: {out[differing[0]]} where {engine} gives "
+                f"{reference[differing[0]]})" if differing else ""))
+    if len(differing) / compared > tolerance:
+        return Gate(FAIL, f"the output is not the reference's: {found}, over the tolerance of {tolerance:.1%}")
     return Gate(PASS, f"the output is still correct: {found}, tolerance {tolerance:.1%}")
 
 

@@ -23,12 +23,12 @@ Layout (version 1)::
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from boltbeam.errors import BadInput
 from boltbeam.files import load_json, write_json
+from boltbeam.units import is_number, is_whole
 
 FORMAT = "boltbeam-trace"
 PAIR_TRIM = 0.25   # pairs an account leaves out at each end of the plain-minus-timed differences
@@ -188,12 +188,7 @@ def timeline(kernels: list[Kernel]) -> Timeline | None:
                                                                          else (None, None, None)))
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+_is_int, _is_num = is_whole, is_number   # bounded: a 400-digit integer is no count or time
 
 
 # What each kernel field may hold: (check, what the error says it must be).

@@ -51,6 +51,7 @@ from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
 from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
 from boltbeam.route import rotary
 from boltbeam.route.layout import in_place
+from boltbeam.units import DIGITS
 
 FAMILY = SPLIT_ATTENTION_LABEL
 SPACE = "split_attention"           # its knob's values: data/spaces.toml
@@ -94,7 +95,7 @@ class Split:
     def parse(cls, flag: str) -> "Split":
         """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]] (profile --split-attention)."""
         chunk, *on = flag.split(":")
-        if not chunk.isdigit() or on != [k for k in KNOBS if k in on]:
+        if not DIGITS.fullmatch(chunk) or on != [k for k in KNOBS if k in on]:
             raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
                            f"32:kernel:wide:unrolled or 32:kernel:lanes:rotary")
         return cls(int(chunk), **{k: k in on for k in KNOBS})

@@ -38,6 +38,7 @@ from boltbeam.errors import BadInput
 from boltbeam.measure.route import GEMV_LABEL
 from boltbeam.measure.tinygrad_run import Prepared
 from boltbeam.route.layout import WORD_BITS, layers
+from boltbeam.units import DIGITS
 
 FAMILY = GEMV_LABEL
 SPACE = "gemv"                     # its knobs' values and rules: data/spaces.toml
@@ -71,7 +72,7 @@ class Geometry:
     def parse(cls, flag: str) -> "Geometry":
         """LANES:ROWS:PER_THREAD:LOAD_BYTES[:INPUT_SUMS[:GROUPS_PER_STEP[:UNPACK]]] (profile --gemv)."""
         parts = flag.split(":")
-        if not len(REQUIRED) <= len(parts) <= len(FIELDS) or not all(p.isdigit() for p in parts):
+        if not len(REQUIRED) <= len(parts) <= len(FIELDS) or not all(DIGITS.fullmatch(p) for p in parts):
             optional = "".join(f"[:{f.upper()}" for f in FIELDS[len(REQUIRED):]) + "]" * (len(FIELDS) - len(REQUIRED))
             raise BadInput(f"--gemv {flag}: expected {':'.join(f.upper() for f in REQUIRED)}{optional}, e.g. "
                            f"8:4:2:16, or PRODUCT=... for each product (ROWSxCOLS:qBITS:gGROUP=8:4:2:16,...)")
