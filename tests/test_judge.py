@@ -225,7 +225,7 @@ def test_checks_from_dict_keeps_every_key():
     raw = {"expected_route": SEARCH, "token_tolerance": 0.1, "threshold": 0.02, "alpha": 0.01,
            "capacity_bytes": 1 << 30, "token_floor_us": 900.0, "role_floors_us": {"output": 100.0},
            "expressible": False, "expressible_reason": "r", "missing_capability": "m", "candidate_id": "c",
-           "reopen": "o"}
+           "reopen": "o", "reference_tokens": [7, 8], "reference_engine": "e"}
     assert dataclasses.asdict(Checks.from_dict(raw)) == raw
 
 

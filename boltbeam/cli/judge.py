@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checks", metavar="CHECKS.json", help="what the candidate is held to (keys: see boltbeam.judge.judge)")
     p.add_argument("--floor-us", type=_positive_us, metavar="US",
                    help="physics floor of one token in µs (overrides the checks file's token_floor_us)")
+    p.add_argument("--reference", metavar="REF.json", help="a reference engine's trace of the same model and prompt "
+                   "(`profile --engine llama.cpp`): the candidate's greedy tokens must equal its output tokens over the "
+                   "steps both decoded (overrides the checks file's reference_tokens); without one the output is held "
+                   "to the baseline's only, and the verdict says so")
     p.add_argument("--ledger", metavar="PATH", help="record the verdict in this ledger")
     p.add_argument("--actor", default="boltbeam judge", help="who records the verdict (default: %(default)s)")
     p.add_argument("--expect", choices=VERDICTS, metavar="VERDICT",
@@ -49,11 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from boltbeam.judge.judge import MEASUREMENT_ERROR, Checks, judge_processes, load_checks  # scipy: only when judging
+    from boltbeam.judge.judge import (MEASUREMENT_ERROR, Checks, judge_processes, load_checks,  # scipy: only when judging
+                                      with_reference)
     baselines, candidates = [trace.load(p) for p in args.baseline], [trace.load(p) for p in args.candidate]
     checks = load_checks(args.checks) if args.checks else Checks()
     if args.floor_us is not None:
         checks = dataclasses.replace(checks, token_floor_us=args.floor_us)
+    if args.reference:
+        checks = with_reference(checks, trace.load(args.reference), candidates, args.reference)
     judgement = judge_processes(baselines, candidates, checks)
     entry = _record(judgement, args) if args.ledger else None
     if args.json:
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def _record(judgement: Judgement, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger  # here, so judging never depends on the ledger
 
-    evidence = [*args.baseline, *args.candidate] + ([args.checks] if args.checks else [])
+    evidence = [*args.baseline, *args.candidate] + [p for p in (args.checks, args.reference) if p]
     with Ledger(args.ledger) as ledger:
         return ledger.append(candidate=judgement.candidate_id, verdict=judgement.verdict, reasons=judgement.reasons,
                              scope=judgement.scope, evidence=evidence, reopen=judgement.reopen, actor=args.actor)
@@ -86,6 +93,7 @@ def _print(judgement: Judgement, entry: int | None, ledger: str | None) -> None:
     for reason in judgement.reasons:
         if reason not in shown:
             out.print(f"- {escape(reason)}")
+    out.print(f"output checked against {escape(judgement.checked_against)}")
     if judgement.reopen:
         out.print(f"reopen {escape(judgement.reopen)}")
     if entry is not None:

@@ -79,7 +79,7 @@ SAME_WORKLOAD = (("workload", "context"), ("workload", "batch"), ("environment",
 
 # When a refuted idea may come back, by the gate that failed (used when the checks give no `reopen`).
 REOPEN_WHEN = {
-    "correct": "the route produces the output tokens it was held to (a reference engine's, else the baseline's)",
+    "correct": "the route produces the baseline's output tokens",
     "route": "the intended route runs without falling back",
     "faster": "a new compiler, target or workload could make the whole token faster beyond noise",
     "memory": "its peak memory fits the target's capacity",
@@ -152,6 +152,21 @@ class Checks:
 
 def load_checks(path: str) -> Checks:
     return Checks.from_dict(load_json(path, "checks"), where=f"checks {path}")
+
+
+def with_reference(checks: Checks, reference: Trace, candidates: list[Trace], where: str) -> Checks:
+    """The checks holding the output to a reference engine's trace: its output tokens, decoded from the same
+    prompt ids (the same model at the same depth) as every candidate."""
+    engine = reference.environment.get("engine")
+    if not reference.output_tokens or not engine:
+        raise BadInput(f"reference {where}: it records no output tokens, or no engine")
+    for key in ("model_sha256", "context"):
+        part = "environment" if key == "model_sha256" else "workload"
+        mine, theirs = getattr(reference, part).get(key), {getattr(c, part).get(key) for c in candidates}
+        if mine is None or theirs != {mine}:
+            raise BadInput(f"reference {where}: its {key} is {mine!r}, the candidate's {', '.join(map(repr, theirs))}: "
+                           f"not the same model and prompt")
+    return replace(checks, reference_tokens=list(reference.output_tokens), reference_engine=engine)
 
 
 class Gate(NamedTuple):
@@ -414,7 +429,9 @@ def switch_gate(candidate: Trace) -> Gate:
 def _default_reopen(verdict: str, gates: dict[str, Gate], checks: Checks) -> str:
     if verdict == SEARCH_SPACE_INCOMPLETE:
         return f"when the search space can express it ({checks.expressible_reason})"
-    return "when " + "; or when ".join(REOPEN_WHEN[name] for name, g in gates.items() if g.status == FAIL)
+    when = {**REOPEN_WHEN, **({"correct": f"the route produces reference engine {checks.reference_engine}'s output "
+                                          f"tokens"} if checks.reference_engine else {})}
+    return "when " + "; or when ".join(when[name] for name, g in gates.items() if g.status == FAIL)
 
 
 def _numbers(baseline: Trace, candidate: Trace, checks: Checks) -> dict[str, Any]:
