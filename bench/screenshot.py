@@ -1,5 +1,5 @@
 """A whole-page screenshot of a report, as a reader's browser draws it: Debian's chromium, headless,
-a tall window, the blank bottom cropped.  python bench/screenshot.py PAGE.html OUT.png [WIDTH]"""
+a tall window 1280 px wide (WIDTH), the blank bottom cropped.  python bench/screenshot.py PAGE.html OUT.png [WIDTH]"""
 import shutil
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 page, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
-width = int(sys.argv[3]) if len(sys.argv) > 3 else 1400
+width = int(sys.argv[3]) if len(sys.argv) > 3 else 1280   # a laptop's window
 with tempfile.TemporaryDirectory() as tmp:
     shot = Path(tmp) / "shot.png"
     subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

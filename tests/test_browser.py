@@ -3,6 +3,7 @@ Chrome-trace export against the Trace Event Format that Perfetto's JSON importer
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -92,6 +93,32 @@ def test_the_report_renders_in_chromium(page, tmp_path):
     assert all(n >= 10 for n in parser.shapes.values()), parser.shapes   # every chart drawn, not an empty frame
     im = screenshot(page, tmp_path / "shot.png")
     assert inked(im) > 0.03 and colours(im) > 50           # text, bars, colours: not blank
+
+
+# Run in a copy of the page only (the page itself runs no script): what a reader at 1280 px cannot see
+# without scrolling sideways, written into the DOM for --dump-dom to read back.
+MEASURE = """<script>
+const clipped = [...document.querySelectorAll(".numbers")].filter(e => e.scrollWidth > e.clientWidth)
+  .map(e => e.closest(".pair").querySelector("figure").id);
+if (document.documentElement.scrollWidth > window.innerWidth) clipped.push("the page");
+document.body.setAttribute("data-clipped", clipped.join(" ") || "none");
+</script>"""
+
+
+def clipped_at(page, width: int, tmp_path) -> str:
+    measured = tmp_path / f"measured-{page.stem}.html"
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom, _ = browse(measured, "--dump-dom", f"--window-size={width},2000")
+    return re.search(r'data-clipped="([^"]*)"', dom).group(1)
+
+
+def test_no_table_is_clipped_at_1280_px(page, tmp_path):
+    """Every chart's table shows whole beside its chart or under it: none scrolls sideways (the roofline's
+    "of bandwidth" column hid behind a scrollbar at 1280 px)."""
+    assert clipped_at(page, 1280, tmp_path) == "none"
+    old = tmp_path / "old.html"   # the check can fail: the rule that clipped it (a table given what is left)
+    old.write_text(page.read_text().replace("</style>", ".pair .numbers { flex: 1 1 420px; min-width: 0; }</style>"))
+    assert "roofline-chart" in clipped_at(old, 1280, tmp_path).split()
 
 
 def test_the_browser_checks_can_fail(tmp_path):

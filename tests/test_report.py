@@ -21,7 +21,7 @@ from boltbeam.files import sha256_file
 from boltbeam.measure.trace import save
 from boltbeam.read.census import take_census
 from boltbeam.report import charts
-from boltbeam.report.audit import assemble
+from boltbeam.report.audit import assemble, line_of
 from boltbeam.report.page import render
 
 
@@ -86,9 +86,11 @@ def test_price_comes_from_the_flag_then_the_target():
 def test_chart_numbers(tiny_model, tiny_bound):
     acc = account(closing_trace(tiny_bound), tiny_bound, H200L)
     svg, rows = charts.waterfall(acc)
-    assert svg.startswith("<svg") and rows[-1]["line"] == "wall"
-    assert rows[-2]["line"] == "residual" and rows[-2]["to_us"] == pytest.approx(acc.wall_us)   # the lines meet the wall
+    assert svg.startswith("<svg") and rows[-1]["line"] == "wall" and rows[-2]["line"] == "residual"
     assert [r["line"] for r in rows[:-2]] == [x.label for x in acc.lines]
+    bars = charts.bars(rows)
+    assert bars[-2].label == "residual"
+    assert bars[-2].from_us + bars[-2].us == pytest.approx(acc.wall_us)   # the lines meet the wall
     svg, rows = charts.roofline(tiny_bound, acc, H200L)
     down = next(r for r in rows if r["role"] == "ffn_down")
     measured = next(x for x in acc.lines if x.label == "ffn_down").measured_us
@@ -108,9 +110,56 @@ def test_chart_numbers(tiny_model, tiny_bound):
     assert point["bytes"] == tiny_bound.role("ffn_gate").bytes + tiny_bound.role("ffn_up").bytes
     assert point["measured_us"] == next(x for x in stacked.lines if x.label == "ffn_gate+ffn_up").measured_us
     kernels = closing_trace(tiny_bound).kernels_of_token(0)
-    svg, rows = charts.gantt(kernels, [k.start_us for k in kernels])
+    svg, rows = charts.gantt(kernels, [k.start_us for k in kernels], line_of(acc), [x.label for x in acc.lines])
     assert sum(r["kernels"] for r in rows) == len(kernels)
     assert sum(r["us"] for r in rows) == pytest.approx(sum(k.duration_us for k in kernels))
+
+
+def test_no_two_roles_or_lines_share_a_colour(tiny_model, tiny_bound):
+    """Each role of the roofline and each line of the timeline has a colour of its own (tab10 alone repeats
+    past ten: the roofline's eleventh role took the first one's colour)."""
+    for n in (1, 10, 11, 20, 21, 40):
+        assert len(set(charts.distinct_colors(n))) == n
+    deep = bound(take_census(tiny_model), H200L, context=64, batch=1)
+    acc = account(closing_trace(deep), deep, H200L)
+    roofline = charts.roofline(deep, acc, H200L)[1]
+    assert len(roofline) > 10 and len({r["color"] for r in roofline}) == len(roofline)
+    kernels = closing_trace(deep).kernels_of_token(0)
+    timeline = charts.gantt(kernels, [k.start_us for k in kernels], line_of(acc), [x.label for x in acc.lines])[1]
+    assert len(timeline) > 10 and len({r["color"] for r in timeline}) == len(timeline)
+
+
+def test_the_timeline_names_what_the_tie_out_names(tiny_bound):
+    """A kernel's row on the timeline is its line in the tie-out: a constant recomputed every token is
+    `constant` in both (it was `other` on the timeline), a stacked product's roles one row."""
+    trace = closing_trace(tiny_bound)
+    both = [t.name for t in tiny_bound.tensors if t.role in ("ffn_gate", "ffn_up")]
+    trace.kernels = [dataclasses.replace(k, category="constant") if k.category == "copy" else
+                     dataclasses.replace(k, tensors=both) if k.role == "ffn_gate" else k for k in trace.kernels]
+    acc = account(trace, tiny_bound, H200L)
+    kernels = trace.kernels_of_token(0)
+    rows = charts.gantt(kernels, [k.start_us for k in kernels], line_of(acc), [x.label for x in acc.lines])[1]
+    with_kernels = [x.label for x in acc.lines if x.kernels]
+    assert [r["line"] for r in rows] == with_kernels            # the same names, in the tie-out's order
+    assert "constant" in with_kernels and "ffn_gate+ffn_up" in with_kernels and "other" not in with_kernels
+    for r in rows:
+        assert r["us"] == pytest.approx(next(x.measured_us for x in acc.lines if x.label == r["line"]))
+
+
+def test_small_lines_are_one_bar_and_every_bar_shows(tiny_bound):
+    acc = account(closing_trace(tiny_bound), tiny_bound, H200L)
+    rows = charts.waterfall_rows(acc)
+    under = charts.small_under_us(acc.wall_us)
+    assert under <= charts.SMALL_SHARE * acc.wall_us and str(under)[0] in "125"   # a round number
+    small = [r for r in rows if r["small"]]
+    assert len(small) > 1 and all(abs(r["us"]) < under for r in small)
+    assert not any(r["small"] for r in rows if r["kind"] in ("floor", "residual", "wall"))
+    bars = charts.bars(rows)
+    group = next(b for b in bars if b.kind == "small lines")
+    assert group.label == f"{len(small)} lines under {under:,g} µs"
+    assert group.us == pytest.approx(sum(r["us"] for r in small))
+    assert len(bars) == len(rows) - len(small) + 1
+    assert sum(b.us for b in bars[:-1]) == pytest.approx(acc.wall_us)   # the bars still add up to the wall
 
 
 # --- the page ---------------------------------------------------------------------------------------
@@ -153,6 +202,31 @@ def test_page_is_self_contained_and_escaped(tiny_model, tiny_bound, tmp_path):
     assert f"${audit.returns.measured.usd_per_mtok:,.3f}" in html   # the money is on the page
     assert audit.to_dict()["returns"]["price"]["usd_per_hour"] == 3.6
     assert render(audit) == html                                    # the same audit, the same bytes
+
+
+def test_the_page_says_what_each_number_is(tiny_model, tiny_bound):
+    """Two token times, each named, the difference said; the negative lines and the small bar explained;
+    which tie-out lines each compared region gathers."""
+    trace = closing_trace(tiny_bound, tokens=8)
+    # the tie-out's mean of the middle half of the pairs (0, 1, 2, 9) against the median of all (1.5)
+    trace.token_wall_us = [w + d for w, d in zip(trace.token_wall_us, (0.0, 0.0, 0.0, 1.0, 2.0, 9.0, 30.0, 60.0))]
+    audit = assemble(trace, "t.json", tiny_model, H200L, tiny_bound, Price(3.6, "test"),
+                     [("o.json", closing_trace(tiny_bound, label="other-route"))])
+    html = render(audit)
+    acc, median = audit.account, audit.wall_us
+    assert acc.wall_us != pytest.approx(median)
+    assert f"the median of the 8 plain token(s)</td><td class=\"n\">{median:,.2f} µs" in html
+    assert f"${cost_per_mtok(1e6 / median, 3.6):,.3f} per million tokens" in html   # the headline's cost is its own
+    d = acc.wall_us - median
+    assert f"the tie-out's wall</td><td colspan=\"3\">{acc.wall_us:,.2f} µs: the {acc.method}" in html
+    assert f"{abs(d):,.2f} µs ({abs(d) / median:.2%}) {'under' if d < 0 else 'over'} the median above" in html
+    caption = re.search(r'id="tieout-chart">.*?<figcaption class="note">(.*?)</figcaption>', html, re.S).group(1)
+    negative = [x for x in acc.lines if x.us < 0]
+    assert negative and "Negative lines take time back out of the sum" in caption
+    assert all(x.label in caption for x in negative) and "activations" in caption and "weight kernels" in caption
+    assert "lines under" in caption and "drawn as one bar" in caption
+    assert re.search(r"Regions gather A&#39;s tie-out lines: qkv: attn_q, attn_k, attn_v; .*; "
+                     r"other: token_embd, copy, elementwise\.", html)
 
 
 def test_a_whole_token_trace_still_gets_a_page(tiny_model, tiny_bound):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
+from typing import Any, Callable
 
 from boltbeam import __version__
 from boltbeam.account.compare import Comparison, compare
 from boltbeam.account.price import Price, Returns, returns
-from boltbeam.account.tieout import Account, account
+from boltbeam.account.tieout import Account, account, role_of
 from boltbeam.bound.roofline import Bound
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
@@ -101,6 +101,19 @@ class Audit:
                 "ledger": self.ledger_path, "ledger_entries": len(self.ledger),
                 "search": None if self.funnel is None else {"path": self.funnel.path, **dict(self.funnel.steps)},
                 "tensors_read": self.unread.to_dict() if self.unread else None}
+
+
+def line_of(acc: Account) -> Callable[[Kernel], str]:
+    """The tie-out line a kernel's time is counted in: its role's line (a stacked product's roles share
+    one), else its category's."""
+    of_role = {r: line.label for line in acc.lines if line.kind == "role" and line.role
+               for r in line.stacked or (line.role,)}
+
+    def of(k: Kernel) -> str:
+        if role := role_of(k):
+            return of_role.get(role, role)
+        return "weights (no role)" if k.category == "weights" else k.category   # as the tie-out labels it
+    return of
 
 
 def load_other(path: str, context: int | None) -> Trace:

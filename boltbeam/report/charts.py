@@ -6,13 +6,17 @@ draws, so the page can print them beside it as a table.
 from __future__ import annotations
 
 import io
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import matplotlib
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
-from boltbeam.account.compare import REGIONS, Comparison, region_of
+from boltbeam.account.compare import Comparison
 from boltbeam.account.tieout import Account, merged_line
 from boltbeam.bound.roofline import Bound
 from boltbeam.bound.targets import Target
@@ -22,10 +26,22 @@ matplotlib.rcParams.update({"svg.fonttype": "none",       # text stays text: sma
                             "svg.hashsalt": "boltbeam",   # stable element ids: the same audit, the same file
                             "font.size": 9})
 PALETTE = matplotlib.colormaps["tab10"].colors
-REGION_COLOR = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(REGIONS)}
 KIND_COLOR = {"floor": "#4c72b0", "role": "#dd8452", "boundary": "#c44e52", "gap": "#8172b3",
-              "overlap": "#55a868", "launch": "#937860", "timing": "#da8bc3", "residual": "#8c8c8c", "wall": "#222222"}
+              "overlap": "#55a868", "launch": "#937860", "timing": "#da8bc3", "residual": "#8c8c8c", "wall": "#222222",
+              "small lines": "#c9c9c9"}
+SMALL_SHARE = 0.005  # waterfall lines under about 0.5% of the wall are drawn together as one bar
+LEAST_SHARE = 0.01   # and no waterfall bar is drawn narrower than 1% of the wall (its value printed beside it)
 Rows = list[dict[str, Any]]
+MICROSECONDS = FuncFormatter(lambda x, _: f"{x:,.0f}")   # 12,000 on the axis, never 1.2 with "1e4" in a corner
+
+
+def distinct_colors(n: int) -> list[str]:
+    """n colours, no two alike: tab10's, then tab20's lighter tints; past 20, hues spaced evenly."""
+    tab20 = matplotlib.colormaps["tab20"].colors
+    ordered = tab20[0::2] + tab20[1::2]
+    if n <= len(ordered):
+        return [to_hex(c) for c in ordered[:n]]
+    return [to_hex(matplotlib.colormaps["turbo"](i / (n - 1))) for i in range(n)]
 
 
 def _svg(fig: Figure) -> str:
@@ -70,11 +86,13 @@ def roofline(bound: Bound, acc: Account | None, target: Target) -> tuple[str, Ro
     for unit, peak in sorted(ceilings.items()):
         if peak:
             ax.axhline(peak, color="#999999", ls="--", lw=1, label=f"compute: {unit} {peak / 1e12:,.1f} TFLOP/s")
-    for i, r in enumerate(rows):
-        color = PALETTE[i % len(PALETTE)]
+    for r, color in zip(rows, distinct_colors(len(rows))):
+        r["color"] = color
         floor_rate = r["operations"] / r["floor_us"] * 1e6
-        ax.scatter([r["intensity_ops_per_byte"]], [floor_rate], facecolors="none", edgecolors=[color], s=60)
-        if r["achieved_ops_per_s"]:
+        measured = bool(r["achieved_ops_per_s"])
+        ax.scatter([r["intensity_ops_per_byte"]], [floor_rate], facecolors="none", edgecolors=[color], s=60,
+                   label=None if measured else f"{r['role']} (no kernel of its own)")
+        if measured:
             ax.scatter([r["intensity_ops_per_byte"]], [r["achieved_ops_per_s"]], color=[color], s=36,
                        label=r["role"])
             ax.plot([r["intensity_ops_per_byte"]] * 2, [r["achieved_ops_per_s"], floor_rate], color=color,
@@ -89,28 +107,76 @@ def roofline(bound: Bound, acc: Account | None, target: Target) -> tuple[str, Ro
     return _svg(fig), rows
 
 
-def waterfall(acc: Account) -> tuple[str, Rows]:
-    """The tie-out: each line stacked on the ones before it, the residual, then the wall from zero."""
-    steps = [(line.label, line.kind, line.us, line.cause) for line in acc.lines]
-    steps.append(("residual", "residual", acc.residual_us, "closed" if acc.closed else "NOT CLOSED"))
-    rows: Rows = []
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the waterfall: a line, or the small lines together, from where the lines before it end."""
+    label: str
+    kind: str
+    from_us: float
+    us: float
+
+
+def small_under_us(wall_us: float) -> float:
+    """The waterfall's small line: under the largest of 1, 2 and 5 x 10^k µs within SMALL_SHARE of the wall."""
+    limit = SMALL_SHARE * wall_us
+    decade = 10 ** math.floor(math.log10(limit))
+    return max(m * decade for m in (1, 2, 5) if m * decade <= limit)
+
+
+def waterfall_rows(acc: Account) -> Rows:
+    """The tie-out's lines, the residual and the wall; `small` marks the lines drawn together as one bar
+    (under small_under_us each, two or more of them; never the floor, the residual or the wall)."""
+    rows: Rows = [{"line": line.label, "kind": line.kind, "us": line.us, "cause": line.cause} for line in acc.lines]
+    rows.append({"line": "residual", "kind": "residual", "us": acc.residual_us,
+                 "cause": "closed" if acc.closed else "NOT CLOSED"})
+    rows.append({"line": "wall", "kind": "wall", "us": acc.wall_us,
+                 "cause": f"the mean of the {acc.tokens_used} plain token(s) the account keeps"})
+    under = small_under_us(acc.wall_us)
+    small = [r["line"] for r in rows if r["kind"] not in ("floor", "residual", "wall") and abs(r["us"]) < under]
+    for r in rows:
+        r["of_wall"] = r["us"] / acc.wall_us
+        r["small"] = len(small) > 1 and r["line"] in small
+    return rows
+
+
+def bars(rows: Rows) -> list[Bar]:
+    """The bars drawn: each line that is not small, stacked in order; the small lines' sum; the residual;
+    then the wall from zero. Lines add in any order, so the small ones can go last."""
+    out: list[Bar] = []
     start = 0.0
-    for label, kind, us, cause in steps:
-        rows.append({"line": label, "kind": kind, "us": us, "of_wall": us / acc.wall_us, "cause": cause,
-                     "from_us": start, "to_us": start + us})
+    lines = [r for r in rows if r["kind"] not in ("residual", "wall")]
+    small = [r for r in lines if r["small"]]
+    under = f"{len(small)} lines under {small_under_us(rows[-1]['us']):,g} µs"
+    drawn = [(r["line"], r["kind"], r["us"]) for r in lines if not r["small"]]
+    drawn += [(under, "small lines", sum(r["us"] for r in small))] if small else []
+    drawn += [(r["line"], r["kind"], r["us"]) for r in rows if r["kind"] == "residual"]
+    for label, kind, us in drawn:
+        out.append(Bar(label, kind, start, us))
         start += us
-    rows.append({"line": "wall", "kind": "wall", "us": acc.wall_us, "of_wall": 1.0, "cause": "",
-                 "from_us": 0.0, "to_us": acc.wall_us})
-    fig = Figure(figsize=(7.5, 0.28 * len(rows) + 1.0))
+    wall = rows[-1]
+    return [*out, Bar(wall["line"], wall["kind"], 0.0, wall["us"])]
+
+
+def waterfall(acc: Account) -> tuple[str, Rows]:
+    """The tie-out: each line stacked on the ones before it, the small lines as one bar, the residual, then
+    the wall from zero. A bar narrower than LEAST_SHARE of the wall is drawn that wide, its value beside it."""
+    rows = waterfall_rows(acc)
+    drawn = bars(rows)
+    least = LEAST_SHARE * acc.wall_us
+    widths = [b.us if abs(b.us) >= least else math.copysign(least, b.us) for b in drawn]
+    fig = Figure(figsize=(7.5, 0.28 * len(drawn) + 1.0))
     ax = fig.subplots()
-    y = range(len(rows))
-    ax.barh(list(y), [r["to_us"] - r["from_us"] for r in rows], left=[r["from_us"] for r in rows],
-            color=[KIND_COLOR[r["kind"]] for r in rows], height=0.7)
-    ax.set_yticks(list(y), [r["line"] for r in rows])
+    y = list(range(len(drawn)))
+    ax.barh(y, widths, left=[b.from_us for b in drawn], color=[KIND_COLOR[b.kind] for b in drawn], height=0.7)
+    for i, b, w in zip(y, drawn, widths):
+        ax.text(max(b.from_us, b.from_us + w) + least / 2, i, f"{b.us:,.1f}", va="center", fontsize=7)
+    ax.set_yticks(y, [b.label for b in drawn])
     ax.invert_yaxis()
+    ax.set_xlim(right=max(max(b.from_us, b.from_us + w) for b, w in zip(drawn, widths)) * 1.2)
+    ax.xaxis.set_major_formatter(MICROSECONDS)
     ax.set_xlabel("µs per token (lines add up left to right; the last bar is the measured wall)")
     ax.set_title("Tie-out of one token")
-    kinds = dict.fromkeys(r["kind"] for r in rows)
+    kinds = dict.fromkeys(b.kind for b in drawn)
     ax.legend(handles=[Patch(color=KIND_COLOR[k], label=k) for k in kinds], fontsize=7, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
     return _svg(fig), rows
@@ -135,28 +201,33 @@ def regions(cmp: Comparison) -> tuple[str, Rows]:
                    label="floor", zorder=3)
     ax.set_yticks(y, [r["region"] for r in rows])
     ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(MICROSECONDS)
     ax.set_xlabel("µs per token")
     ax.set_title("Region by region")
     fig.legend(fontsize=7, loc="outside lower center")
     return _svg(fig), rows
 
 
-def gantt(kernels: list[Kernel], offsets: list[float]) -> tuple[str, Rows]:
-    """One token's kernels on the device timeline, a row per region, colored by region."""
-    by_region: dict[str, list[tuple[float, float]]] = {}
+def gantt(kernels: list[Kernel], offsets: list[float], line_of: Callable[[Kernel], str],
+          order: list[str]) -> tuple[str, Rows]:
+    """One token's kernels on the device timeline, a row per tie-out line (`line_of` names a kernel's,
+    `order` lists them as the tie-out does), each line its own colour."""
+    by_line: dict[str, list[tuple[float, float]]] = {}
     for k, start in zip(kernels, offsets):
-        by_region.setdefault(region_of(k), []).append((start, k.duration_us))
-    order = [r for r in REGIONS if r in by_region]
+        by_line.setdefault(line_of(k), []).append((start, k.duration_us))
+    names = [x for x in order if x in by_line] + sorted(by_line.keys() - set(order))
     t0 = min(offsets) if offsets else 0.0
-    rows: Rows = [{"region": r, "kernels": len(by_region[r]), "us": sum(d for _, d in by_region[r]),
-                   "first_start_us": min(s for s, _ in by_region[r]) - t0,
-                   "last_end_us": max(s + d for s, d in by_region[r]) - t0} for r in order]
-    fig = Figure(figsize=(7.5, 0.35 * len(order) + 1.2))
+    rows: Rows = [{"line": x, "kernels": len(by_line[x]), "us": sum(d for _, d in by_line[x]),
+                   "first_start_us": min(s for s, _ in by_line[x]) - t0,
+                   "last_end_us": max(s + d for s, d in by_line[x]) - t0, "color": color}
+                  for x, color in zip(names, distinct_colors(len(names)))]
+    fig = Figure(figsize=(7.5, 0.3 * len(rows) + 1.2))
     ax = fig.subplots()
-    for i, r in enumerate(order):
-        ax.broken_barh([(s - t0, d) for s, d in by_region[r]], (i - 0.4, 0.8), color=REGION_COLOR[r])
-    ax.set_yticks(range(len(order)), order)
+    for i, r in enumerate(rows):
+        ax.broken_barh([(s - t0, d) for s, d in by_line[r["line"]]], (i - 0.4, 0.8), color=r["color"])
+    ax.set_yticks(range(len(rows)), [r["line"] for r in rows])
     ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(MICROSECONDS)
     ax.set_xlabel("µs from the token's first kernel")
     ax.set_title(f"One token's {len(kernels)} kernels")
     return _svg(fig), rows

@@ -12,16 +12,31 @@ from typing import Any
 import jinja2
 
 from boltbeam import __version__
+from boltbeam.account.compare import REGIONS, region_of
 from boltbeam.account.compare import label as trace_label
+from boltbeam.account.price import cost_per_mtok
 from boltbeam.measure.trace import TIMINGS
 from boltbeam.report import charts, fmt_bytes
-from boltbeam.report.audit import Audit
+from boltbeam.report.audit import Audit, line_of
+
+# Why a tie-out line is below zero: by its cause (a role's or a boundary's line), else by its kind.
+NEGATIVE = {"no kernel": "no kernel of its own (fused into another): its floor, counted in the floor line, taken "
+                         "back out",
+            "inside other kernels": "a floor counted in the floor line whose bytes move inside the weight kernels, "
+                                    "taken back out",
+            "below floor": "measured faster than its floor: the trace's role labels or the target's bandwidth "
+                           "are wrong",
+            "attention": "the attention kernels took less than the KV cache's floor",
+            "overlap": "kernel time that ran beside other kernels, which their own lines count already",
+            "timing": "what timing the kernels added to them, taken back out",
+            "residual": "the lines add up to more than the measured wall"}
 
 
 @dataclass
 class Cell:
     text: str
     numeric: bool = False
+    color: str | None = None    # a swatch of the chart's colour for the row
 
 
 @dataclass
@@ -48,9 +63,43 @@ def _money(x: Any) -> str:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any]]) -> list[list[Cell]]:
-    """Cells from row dicts: (heading, key, formatter or None for text)."""
-    return [[Cell(fmt(r[key]), True) if fmt else Cell("" if r[key] is None else str(r[key]))
-             for _, key, fmt in columns] for r in rows]
+    """Cells from row dicts: (heading, key, formatter or None for text); a row's colour on its first cell."""
+    return [[Cell(fmt(r[key]), True) if fmt else Cell("" if r[key] is None else str(r[key]),
+                                                      color=None if i else r.get("color"))
+             for i, (_, key, fmt) in enumerate(columns)] for r in rows]
+
+
+def _tieout_caption(rows: list[dict[str, Any]]) -> str:
+    """What the waterfall draws: which small lines are one bar, and why each negative line is negative."""
+    said = ["The floor, each line with its cause, the residual (computed, never a plug), the wall."]
+    if small := [r for r in rows if r["small"]]:
+        said.append(f"The {len(small)} lines under {charts.small_under_us(rows[-1]['us']):,g} µs each "
+                    f"({', '.join(r['line'] for r in small)}) are drawn as one bar, their sum "
+                    f"({sum(r['us'] for r in small):+,.2f} µs); the table lists each.")
+    said.append(f"A bar narrower than {charts.LEAST_SHARE:.0%} of the wall is drawn that wide, its value beside it.")
+    why: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["us"] < 0:
+            key = r["cause"] if r["kind"] in ("role", "boundary") else r["kind"]
+            why.setdefault(NEGATIVE.get(key, "below zero as measured"), []).append(r)
+    if why:
+        said.append("Negative lines take time back out of the sum: " + "; ".join(
+            f"{', '.join(r['line'] for r in rs)} ({sum(r['us'] for r in rs):+,.2f} µs): {reason}"
+            for reason, rs in why.items()) + ".")
+    return " ".join(said)
+
+
+def _regions_note(audit: Audit) -> list[str]:
+    """The comparisons group kernels by region: which of the tie-out's lines each region gathers."""
+    if not audit.account:
+        return []
+    of, order = line_of(audit.account), [line.label for line in audit.account.lines]
+    gathered: dict[str, set[str]] = {}
+    for k in audit.trace.kernels:
+        gathered.setdefault(region_of(k), set()).add(of(k))
+    return ["Regions gather A's tie-out lines: " + "; ".join(
+        f"{r}: {', '.join(sorted(gathered[r], key=lambda x: order.index(x) if x in order else len(order)))}"
+        for r in REGIONS if r in gathered) + "."]
 
 
 def _charts(audit: Audit) -> list[Chart]:
@@ -67,8 +116,7 @@ def _charts(audit: Audit) -> list[Chart]:
     if audit.account:
         svg, rows = charts.waterfall(audit.account)
         cols = [("line", "line", None), ("µs", "us", _num), ("of wall", "of_wall", _pct), ("cause", "cause", None)]
-        out.append(Chart("tieout", "Where the token goes: the tie-out",
-                         "The floor, each line with its cause, the residual (computed, never a plug), the wall.",
+        out.append(Chart("tieout", "Where the token goes: the tie-out", _tieout_caption(rows),
                          svg, [c[0] for c in cols], _table(rows, cols), notes=list(audit.account.notes)))
     for i, c in enumerate(audit.compared):
         cmp = c.comparison
@@ -76,7 +124,8 @@ def _charts(audit: Audit) -> list[Chart]:
         cols = [("region", "region", None), ("A µs", "a_us", _num), ("B µs", "b_us", _num),
                 ("floor µs", "floor_us", _num), ("winner", "winner", None)]
         notes = [f"A: {audit.trace_path} ({cmp.a_label}); B: {c.path} ({cmp.b_label})",
-                 *(f"cannot compare {x['region']}: {x['reason']}" for x in cmp.incomparable), *cmp.notes]
+                 *(f"cannot compare {x['region']}: {x['reason']}" for x in cmp.incomparable), *cmp.notes,
+                 *_regions_note(audit)]
         out.append(Chart(f"compare-{i + 1}", f"Who wins where: against {cmp.b_label}",
                          "Bars per region, each region's floor marked; the whole token first."
                          + (" Each µs of device time counted once: where kernels overlap, it goes to the one that "
@@ -89,15 +138,16 @@ def _charts(audit: Audit) -> list[Chart]:
                          f"From {audit.funnel.path}. 'In the route' counts kernels given a setting.", svg,
                          [x[0] for x in cols], _table(rows, cols),
                          notes=[f"rejected {n:,}: {why}" for why, n in audit.funnel.rejected_by_reason.items()]))
-    if (drawn := audit.token_kernels()) is not None:
+    if audit.account and (drawn := audit.token_kernels()) is not None:
         token, kernels, offsets = drawn
-        svg, rows = charts.gantt(kernels, offsets)
-        cols = [("region", "region", None), ("kernels", "kernels", lambda x: _num(x, 0)), ("µs", "us", _num),
+        svg, rows = charts.gantt(kernels, offsets, line_of(audit.account), [x.label for x in audit.account.lines])
+        cols = [("line", "line", None), ("kernels", "kernels", lambda x: _num(x, 0)), ("µs", "us", _num),
                 ("first start µs", "first_start_us", _num), ("last end µs", "last_end_us", _num)]
         placed = "on the device timeline" if all(k.start_us is not None for k in kernels) else \
             "laid end to end (the trace has no device start times)"
         out.append(Chart("timeline", "One token's kernels",
-                         f"Token {token} (the median of the measured tokens by kernel time), {placed}.",
+                         f"Token {token} (the median of the measured tokens by kernel time), {placed}; a row "
+                         f"per line of the tie-out, by its names.",
                          svg, [x[0] for x in cols], _table(rows, cols)))
     return out
 
@@ -107,6 +157,17 @@ def _environment() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters.update(us=_num, num=_num, pct=_pct, money=_money)
     return env
+
+
+def _tieout_wall(audit: Audit) -> str | None:
+    """The tie-out's own token time, said against the headline's median in one sentence."""
+    acc = audit.account
+    if acc is None:
+        return None
+    d = acc.wall_us - audit.wall_us
+    return (f"{acc.wall_us:,.2f} µs: the {acc.method} ({acc.tokens_used} tokens), as means add up where medians do "
+            f"not; {abs(d):,.2f} µs ({abs(d) / audit.wall_us:.2%}) {'under' if d < 0 else 'over'} the median above. "
+            f"The tie-out and the what-ifs start from it.")
 
 
 def render(audit: Audit) -> str:
@@ -119,7 +180,9 @@ def render(audit: Audit) -> str:
         title=f"{Path(audit.model).name} on {audit.target.name}", model=audit.model, target=audit.target,
         context=audit.bound.context, route_label=trace_label(audit.trace), wall_us=audit.wall_us,
         floor_us=audit.bound.token_floor_us, ceiling_tok_s=audit.bound.ceiling_tok_s,
-        measured_cost=f"{_money(ret.measured.usd_per_mtok)} per million tokens" if price else "",
+        plain_tokens=len(audit.trace.token_wall_us), tieout_wall=_tieout_wall(audit),
+        measured_cost=f"{_money(cost_per_mtok(1e6 / audit.wall_us, price.usd_per_hour))} per million tokens"
+        if price else "",
         ceiling_cost=f"{_money(ret.ceiling.usd_per_mtok)} per million tokens" if price else "",
         price_text=(f"{price.usd_per_hour:,.2f} USD an hour ({price.source}"
                     f"{', ' + price.date if price.date else ''})") if price
