@@ -260,3 +260,58 @@ def test_a_context_past_the_models_is_refused_before_anything_is_built(tiny_mode
     one_line(capsys, 2, rc, "--context")
     assert peak < 64 << 20          # no prompt of --context tokens was built
     assert not (tmp_path / "D").exists()
+
+
+# --- 7. a scheduler that is no Dask scheduler: one line, within the connect timeout ------------------
+
+@pytest.fixture
+def listener():
+    """A listener on 127.0.0.1 that says `reply` (or nothing) to whoever connects; it stops with the test."""
+    import socket
+    import threading
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop, held = threading.Event(), []
+
+    def serve(reply: bytes):
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if reply:
+                conn.sendall(reply)
+
+    def start(reply: bytes = b"") -> str:
+        threading.Thread(target=serve, args=(reply,), daemon=True).start()
+        return f"127.0.0.1:{server.getsockname()[1]}"
+    yield start
+    stop.set()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.parametrize("scheme, reply", [
+    ("tcp://", b""),                                                          # silent: Dask waits for ever
+    ("tcp://", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"),     # read as frames of any size
+    ("tcp://", b"\xff" * 64),                                                 # a claim of a huge frame
+    ("ws://", b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"),
+], ids=["silent", "http", "huge-frame", "ws-at-http"])
+def test_a_scheduler_that_does_not_answer_is_one_line(tiny_model, tmp_path, listener, scheme, reply, capsys,
+                                                       monkeypatch):
+    from boltbeam.search import fanout
+    monkeypatch.setattr(fanout, "CONNECT_SECONDS", 1)
+    address = scheme + listener(reply)
+    one_line(capsys, 2, main(["search", tiny_model, "--device", "CPU", "--target", "h200", "--scheduler", address,
+                              "--ledger", str(tmp_path / "D" / "L"), "--out", str(tmp_path / "D")]), address)
+    assert not (tmp_path / "D").exists()
+
+
+@pytest.mark.parametrize("family", ["tinygrad_opts", "split_attention"])
+def test_an_empty_scheduler_is_refused_not_ignored(tiny_model, tmp_path, family, capsys):
+    one_line(capsys, 2, main(["search", tiny_model, "--device", "CPU", "--target", "h200", "--family", family,
+                              "--scheduler", " ", "--ledger", str(tmp_path / "D" / "L"), "--out", str(tmp_path / "D")]),
+             "--scheduler")
+    assert not (tmp_path / "D").exists()

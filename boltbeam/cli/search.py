@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         # A cluster is reached and its workers checked before the ledger is opened: bad configuration
         # leaves it untouched.
         devices = stack.enter_context(fanout.cluster(args.device, args.workers, args.scheduler)) \
-            if args.workers is not None or args.scheduler else None
+            if args.workers is not None or args.scheduler is not None else None
         ledger = stack.enter_context(Ledger(args.ledger))   # a file that is no ledger is refused before anything is written
         out = writable_dir(args.out)
         bar = stack.enter_context(Progress(SpinnerColumn(), "[progress.description]{task.description}",
@@ -187,7 +187,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     family = FAMILIES[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
-    if args.workers or args.scheduler:
+    if args.workers or args.scheduler is not None:
         raise BadInput(f"--family {family.name} judges whole tokens in this process: drop --workers and --scheduler")
     if args.layout or args.constants_once or args.no_judge:
         raise BadInput(f"--family {family.name} judges each of its settings itself: drop --layout, "

@@ -28,7 +28,7 @@ from boltbeam.search.compiler import Captured
 from boltbeam.search.decide import Plan, Scope, TimeAll, Timings, time_kernel
 
 RESOURCE = "GPU"         # each worker offers one device under this name; every task asks for one
-CONNECT_SECONDS = 10
+CONNECT_SECONDS = 10     # to reach a scheduler and hear it answer, and again for the client to connect
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,30 @@ def _check(client, device: str) -> list[str]:
     return sorted(workers)
 
 
+def _answers(address: str) -> None:
+    """Refuse, within CONNECT_SECONDS, an address where no Dask scheduler answers: Dask's client waits on a
+    silent listener for ever, and reads an HTTP server's reply as frames of any claimed size."""
+    import asyncio
+
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def identity() -> Any:
+        comm = await connect(address, timeout=CONNECT_SECONDS, **Security().get_connection_args("client"))
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+    try:
+        reply = asyncio.run(asyncio.wait_for(identity(), CONNECT_SECONDS))
+    except Exception as e:   # noqa: BLE001 - whatever is there, if it is no scheduler, the answer is one line
+        raise BadInput(f"cannot reach the Dask scheduler at {address} within {CONNECT_SECONDS} s: "
+                       f"{(str(e).splitlines() or [type(e).__name__])[0][:200] or type(e).__name__}") from None
+    if not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
+        raise BadInput(f"{address} answers, but not as a Dask scheduler")
+
+
 @contextlib.contextmanager
 def cluster(device: str, workers: int | None = None, scheduler: str | None = None) -> Iterator[Cluster]:
     """A local cluster of `workers` processes (one per GPU on CUDA) or the existing one at `scheduler`."""
@@ -165,6 +189,9 @@ def cluster(device: str, workers: int | None = None, scheduler: str | None = Non
         logging.getLogger(name).setLevel(logging.CRITICAL)
     with contextlib.ExitStack() as stack:
         if scheduler is not None:
+            if not scheduler.strip():
+                raise BadInput("--scheduler is empty: name the scheduler's address (e.g. tcp://host:8786)")
+            _answers(scheduler)
             try:
                 client = stack.enter_context(Client(scheduler, timeout=CONNECT_SECONDS))
             except (OSError, ValueError, TypeError) as e:
