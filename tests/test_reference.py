@@ -92,3 +92,25 @@ def test_judge_reference_from_the_command_line(tmp_path, capsys):
     assert REFUTE in out and "output checked against reference engine llama.cpp" in out
     assert main([*argv, "--reference", paths["other"]]) == 2
     assert "not the same model and prompt" in capsys.readouterr().err
+
+
+def test_the_audit_page_says_what_the_output_was_checked_against(tiny_model):
+    from test_account import H200L
+    from test_report import closing_trace
+
+    from boltbeam.bound.roofline import bound
+    from boltbeam.read.census import take_census
+    from boltbeam.report.audit import assemble
+    from boltbeam.report.page import render
+    b = bound(take_census(tiny_model), H200L, context=0, batch=1)
+    route, ref = closing_trace(b, sha="ab" * 32), closing_trace(b, sha="ab" * 32)
+    route.output_tokens, ref.output_tokens, ref.environment["engine"] = TOKENS, WRONG, ENGINE
+    alone = assemble(route, "t.json", tiny_model, H200L, b, None)
+    assert alone.output is None and alone.to_dict()["output_reference"] is None   # (its page: test_unread's audit)
+    held = assemble(route, "t.json", tiny_model, H200L, b, None, [("ref.json", ref)])
+    assert (held.output.engine, held.output.status) == (ENGINE, FAIL)
+    assert held.to_dict()["output_reference"]["sentence"] == held.output.sentence
+    html = render(held)
+    assert "checked against reference engine llama.cpp (ref.json)" in html and "17 of the 20 greedy tokens" in html
+    ref.workload["context"] = 64                               # another prompt is no reference
+    assert assemble(route, "t.json", tiny_model, H200L, b, None, [("ref.json", ref)]).output is None

@@ -104,7 +104,8 @@ def test_the_audit_page_and_strict_say_what_was_not_read(unread_model, tmp_path,
     capsys.readouterr()
     doc = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert doc["tensors_read"]["status"] == "adapter-incomplete" and doc["tensors_read"]["missing"] == [ROPE]
-    assert ROPE in (tmp_path / "a" / "report.html").read_text()
+    page = (tmp_path / "a" / "report.html").read_text()
+    assert ROPE in page and "checked against no reference engine" in page     # (no trace of another engine given)
     assert main([*argv, "--out", str(tmp_path / "b"), "--strict"]) == 3
     err = capsys.readouterr().err
     assert ROPE in err and "adapter-incomplete" in err and len(err.strip().splitlines()) == 1

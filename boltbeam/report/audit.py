@@ -58,6 +58,32 @@ def load_funnel(path: str) -> Funnel:
                   sp.rejected_by_reason)
 
 
+@dataclass(frozen=True)
+class OutputCheck:
+    """The route's greedy tokens held to a reference engine's: a compared trace of another engine that decoded
+    the same model from the same prompt ids."""
+    engine: str
+    path: str
+    status: str       # the judge's gate status: pass, fail or no-evidence
+    sentence: str
+
+
+def output_check(trace: Trace, others: list[tuple[str, Trace]]) -> OutputCheck | None:
+    """The first compared trace that can serve as a reference for `trace`'s output, held to; None without one."""
+    others = [(path, other) for path, other in others if other.environment.get("engine") != trace.environment.get("engine")]
+    if not others:
+        return None
+    from boltbeam.judge.judge import Checks, reference_gate, with_reference   # (scipy: only with another engine's trace)
+    for path, other in others:
+        try:
+            checks = with_reference(Checks(), other, [trace], path)
+        except BadInput:          # no tokens, or another model or prompt: no reference
+            continue
+        gate = reference_gate(trace, checks.reference_engine, checks.reference_tokens, 0.0)
+        return OutputCheck(checks.reference_engine, path, gate.status, gate.sentence)
+    return None
+
+
 @dataclass
 class Audit:
     model: str
@@ -73,6 +99,7 @@ class Audit:
     ledger: list[Entry] = field(default_factory=list)
     funnel: Funnel | None = None
     unread: Unread | None = None      # the file's tensors the token did not read (None: the trace cannot say)
+    output: OutputCheck | None = None  # its greedy tokens against a reference engine's (None: no reference)
 
     @property
     def wall_us(self) -> float:
@@ -100,7 +127,8 @@ class Audit:
                 "compared": [{"path": c.path, **c.comparison.to_dict()} for c in self.compared],
                 "ledger": self.ledger_path, "ledger_entries": len(self.ledger),
                 "search": None if self.funnel is None else {"path": self.funnel.path, **dict(self.funnel.steps)},
-                "tensors_read": self.unread.to_dict() if self.unread else None}
+                "tensors_read": self.unread.to_dict() if self.unread else None,
+                "output_reference": vars(self.output) if self.output else None}
 
 
 def line_of(acc: Account) -> Callable[[Kernel], str]:
@@ -140,7 +168,8 @@ def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: B
     compared = [Compared(path, compare(trace, other, bound, exclusive)) for path, other in others]
     ledger_path, entries = ledger or (None, [])
     return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
-                 compared, ledger_path, entries, funnel, unread_tensors(trace, take_census(model)))
+                 compared, ledger_path, entries, funnel, unread_tensors(trace, take_census(model)),
+                 output_check(trace, list(others)))
 
 
 def read_ledger(path: str) -> tuple[str, list[Entry]]:

@@ -189,6 +189,6 @@ def render(audit: Audit) -> str:
         else "no price: the target has no price_per_hour fact (pass --price-per-hour)",
         account=acc, no_account=audit.no_account, returns=ret,
         timing_text=(f"{timing}: {TIMINGS[timing]}, {acc.tokens_used} token(s)" if timing else "timing not recorded"),
-        charts=_charts(audit), unread=audit.unread, ledger_path=audit.ledger_path, ledger=audit.ledger, version=__version__,
+        charts=_charts(audit), unread=audit.unread, output=audit.output, ledger_path=audit.ledger_path, ledger=audit.ledger, version=__version__,
         trace_path=audit.trace_path, source=audit.trace.provenance.get("source", "unknown source"),
         environment=env_text, notes=audit.bound.notes)
