@@ -55,7 +55,7 @@ class Unread:
         shown = ", ".join(self.missing[:SHOWN]) + (f" and {len(self.missing) - SHOWN} more"
                                                    if len(self.missing) > SHOWN else "")
         return (f"adapter-incomplete: {len(self.missing)} of the file's {self.tensors} tensors were never read by a "
-                f"measured token ({shown}): the engine computed another model than the file's")
+                f"measured token ({shown}): nothing shows the engine computed the file's model")
 
     def to_dict(self) -> dict:
         return {"status": "complete" if self.complete else "adapter-incomplete", "tensors": self.tensors,
