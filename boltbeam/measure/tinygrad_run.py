@@ -582,11 +582,11 @@ class _Run:
     """One loaded model decoding: the plain tokens users get and the timed tokens, one trace."""
     def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare):
         from tinygrad import Context
-        from tinygrad.llm.model import Transformer
+        from boltbeam.measure.architectures import load
         self.path, self.census, self.device, self.prompt = path, census, device, prompt
         self.tokens, self.warmup, self.beam, self.rec, self.cupti = tokens, warmup, beam, rec, cupti
         self.tick = progress or (lambda stage, n: None)
-        self.net, _ = Transformer.from_gguf(path, max_context)
+        self.net = load(path, max_context, census)     # tinygrad.llm's model, fitted to the file's formula
         self.prepared = [family(self.net, census, str(path)) for family in prepare or []]
         self.gen = self.net.generate(list(prompt))
         self.out_tokens: list[int] = []

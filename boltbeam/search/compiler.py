@@ -112,16 +112,16 @@ def capture(model: str, census, device: str, context: int,
     `prepare`: generated route families applied to the loaded model first, as `profile` applies them."""
     from tinygrad import Context
     from tinygrad.engine import realize
-    from tinygrad.llm.model import Transformer
     from tinygrad.uop.ops import Ops
 
+    from boltbeam.measure.architectures import load
     from boltbeam.measure.tinygrad_run import kv_positions, prompt_tokens
     sources: dict = {}
     shapes: dict = {}
     with _hooks(sources, shapes):
         progress("loading")
         prompt = prompt_tokens(context, census.facts.vocabulary)
-        net, _ = Transformer.from_gguf(pathlib.Path(model), kv_positions(census, len(prompt) + 8))
+        net = load(pathlib.Path(model), kv_positions(census, len(prompt) + 8), census)
         for family in prepare or []:
             progress("building the generated route families")
             family(net, census, model)
