@@ -358,7 +358,7 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
 
 
 def test_one_switch_turns_every_generated_family_off(monkeypatch):
-    from boltbeam.cli.measure import families_of, layout_of
+    from boltbeam.route.use import families_of, layout_of
     assert len(families_of(layout.Setting(), True)) == 2
     monkeypatch.setenv("BOLTBEAM_ROUTE", "none")
     assert families_of(layout.Setting(), True) == [] and layout_of("float16:expanded", None) is None

@@ -314,7 +314,7 @@ def test_a_gated_feed_forward_is_the_blocks_own_in_fewer_kernels(tiny_model, tmp
 def test_a_route_from_before_inplace_runs_it_off():
     """A route file's fusion table written before the inplace knob existed reads as that knob off; one that
     leaves out a knob the first routes had is refused."""
-    from boltbeam.cli.measure import knobs_of
+    from boltbeam.route.use import knobs_of
     assert knobs_of(fusion.Fusion, None, {"norm": 0, "gated": 1, "rms": 0}, "fusion", fusion.LATER) == fusion.Fusion(gated=1)
     assert knobs_of(fusion.Fusion, None, {"norm": 0, "gated": 1, "rms": 0, "inplace": 1}, "fusion", fusion.LATER) == \
         fusion.Fusion(gated=1, inplace=1)

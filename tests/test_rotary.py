@@ -201,7 +201,7 @@ def test_the_rotary_setting_and_the_blocks_it_takes(tiny_model, monkeypatch):
     """rotary rides on the generated kernel alone; a route written before it runs it off; install takes every
     block whose attention is tinygrad.llm's own formula, and refuses where none is."""
     from tinygrad import Tensor, UOp
-    from boltbeam.cli.measure import split_of
+    from boltbeam.route.use import split_of
     assert attention.Split.parse("32:kernel:lanes:rotary") == attention.Split(32, kernel=True, lanes=True, rotary=True)
     assert attention.Split.parse("32:kernel:rotary").flag == "32:kernel:rotary"
     assert attention.Split.parse("32:kernel:lanes:rotary:pooled").pooled is True

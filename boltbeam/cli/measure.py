@@ -15,6 +15,7 @@ from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trac
                                         import_nsys_gpu_trace)
 from boltbeam.measure.trace import TIMINGS, Trace
 from boltbeam.report.chrome import TOKEN_TID, write_chrome
+from boltbeam.route.use import Flags, families, route_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,107 +90,12 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
                    "generated kernel's output (the attention's) where it lies, not a copy (spaces.toml, family fusion)")
 
 
-def _route_of(args: argparse.Namespace, model: str):
-    """(path, route) to run, checked against this model and compiler; None when off."""
-    from boltbeam.files import sha256_file
-    from boltbeam.measure import route as routes
-    from boltbeam.read.census import take_census
-    if routes.switched_off(args.route):
-        return None
-    r = routes.load(args.route)
-    take_census(model)   # a model that is missing or no GGUF is one line here, before it is hashed
-    routes.check_applies(r, None if args.no_hash else sha256_file(model), routes.engine(), args.route)
-    return args.route, r
-
-
-def families_of(layout, constants_once: bool, split_attention=None, gemv=None, fusion=None,
-                direct_replay: bool = False) -> list:
-    """The generated route families to build on the loaded model, in order (as Route.families names
-    them); none when switched off."""
-    import functools
-
-    from boltbeam.measure.route import env_off
-    from boltbeam.route import attention, constants, fusion as fusions, gemv as gemvs, layout as layouts, replay
-    if env_off():
-        return []
-    for name, setting in (("gemv", gemv), ("fusion", fusion)):
-        if setting is not None and (layout is None or layout.form != "kernel"):
-            raise BadInput(f"--{name} {setting.flag} builds on the layout's generated kernel: it needs "
-                           f"--layout SCALES:kernel[:stacked]")
-    families = [functools.partial(_install, install, setting) for install, setting in
-                ((layouts.install, layout), (gemvs.install, gemv), (fusions.install, fusion)) if setting is not None]
-    if constants_once:
-        families.append(constants.install)
-    if split_attention is not None:
-        families.append(functools.partial(_install, attention.install, split_attention))
-    if direct_replay:
-        families.append(replay.install)
-    return families
-
-
-def _install(install, setting, net, census, path):
-    """One family's install at its setting (a module-level function, so a fan-out can send it)."""
-    return install(net, census, path, setting)
-
-
-def layout_of(flag: str | None, from_route: dict[str, str] | None):
-    """The layout setting to build at load, from --layout or the route file; None when off."""
-    from boltbeam.measure.route import env_off
-    from boltbeam.route.layout import Setting
-    if flag == "none" or env_off():
-        return None
-    if flag is not None:
-        return Setting.parse(flag)
-    if not from_route:
-        return None
-    required, optional = {"scale_dtype", "form"}, {"stack"}    # routes written before the stack knob lack it
-    if not required <= set(from_route) <= required | optional:
-        raise BadInput(f"route layout {from_route}: expected the keys scale_dtype and form, and optionally stack")
-    return Setting(**from_route)
-
-
-def split_of(flag: str | None, from_route: dict[str, Any] | None):
-    """The split-attention setting to build, from --split-attention or the route file; None when off."""
-    from boltbeam.route.attention import KNOBS, Split
-    if flag is not None:
-        return Split.parse(flag)
-    if from_route is None:
-        return None
-    # (the knobs after staged came after the first routes were written: a route without them runs them off)
-    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", *KNOBS}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, {', '.join(KNOBS[:-1])} "
-                       f"and {KNOBS[-1]}")
-    return Split(**from_route)
-
-
-def knobs_of(kind, flag: str | None, from_route: dict[str, int] | None, what: str, later: tuple[str, ...] = ()):
-    """A family's setting of dataclass `kind` from its flag or the route file's table `what`; None when off.
-    The knobs in `later` came after the first routes were written: a route without them runs them off."""
-    import dataclasses
-    if flag is not None:
-        return kind.parse(flag)
-    if from_route is None:
-        return None
-    keys = [f.name for f in dataclasses.fields(kind)]
-    if not set(keys) - set(later) <= set(from_route) <= set(keys):
-        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(k for k in keys if k not in later)}"
-                       + (f" (and {', '.join(later)}, which may be left out)" if later else ""))
-    return kind(**from_route)
-
-
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     # tinygrad reads its device from the environment when first imported.
     os.environ["DEV"] = args.device
-    route = _route_of(args, model)
-    layout = layout_of(args.layout, route[1].layout if route else None)
-    constants = args.constants_once or bool(route and route[1].constants_once)
-    split = split_of(args.split_attention, route[1].split_attention if route else None)   # before minutes of loading
-    from boltbeam.route import fusion, gemv
-    geometry = gemv.setting_of(args.gemv, route[1].gemv if route else None, f"route {route[0]}" if route else "route")
-    folded = knobs_of(fusion.Fusion, args.fusion, route[1].fusion if route else None, "fusion", fusion.LATER)
-    replayed = args.direct_replay or bool(route and route[1].direct_replay)
-    prepare = families_of(layout, constants, split, geometry, folded, replayed)
+    route = route_for(args.route, model, hash_check=not args.no_hash)
+    prepare = families(route, family_flags(args))      # before minutes of loading: a bad setting is one line now
     from boltbeam.measure.tinygrad_run import profile
     host = getattr(args, "host_profile", None)      # (profile's flag; audit has none)
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)) as tick:
@@ -197,6 +103,10 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
                        prepare=prepare, progress=tick, host_profile=host)
+
+
+def family_flags(args: argparse.Namespace) -> Flags:
+    return Flags(args.layout, args.split_attention, args.gemv, args.fusion, args.constants_once, args.direct_replay)
 
 
 @contextlib.contextmanager

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     from boltbeam.bound.targets import get_target
     from boltbeam.cli.depth import check_depth
-    from boltbeam.cli.measure import families_of, layout_of
+    from boltbeam.route.use import families_of, layout_of
     from boltbeam.cli.read import resolve_model
     from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger

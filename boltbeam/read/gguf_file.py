@@ -118,3 +118,21 @@ def scalar(reader: GGUFReader, key: str) -> Any:
         return f.contents()
     except UnicodeDecodeError:
         raise BadInput(f"metadata {key}: a string that is not UTF-8") from None
+
+
+def strings(reader: HeaderReader, key: str) -> list[str] | None:
+    """A metadata array of strings (a tokenizer's vocabulary), decoded from the one blob HeaderReader keeps
+    of it; None if absent or not an array of strings."""
+    f = reader.get_field(key)
+    if f is None or f.types[:2] != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
+        return None
+    blob, out, offs = f.parts[-1].tobytes(), [], 0
+    try:
+        while offs < len(blob):
+            (n,) = struct.unpack_from("<Q", blob, offs)
+            out.append(blob[offs + 8:offs + 8 + n].decode())
+            offs += 8 + n
+    except UnicodeDecodeError:
+        raise BadInput(f"metadata {key}: a string that is not UTF-8") from None
+    return out
+

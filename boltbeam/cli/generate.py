@@ -1,0 +1,109 @@
+"""`boltbeam generate`: text in, text out, through a route (or none), streamed as it decodes."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from boltbeam import report
+from boltbeam.errors import BadInput
+
+# The JIT captures on the second decode call: the tokens before the third carry compile time, not decode.
+CAPTURED_AFTER = 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from boltbeam.cli.read import model_arg
+    p = sub.add_parser("generate", help="text in, text out: the model decodes a prompt greedily, through a route or none",
+                       description="Encodes the prompt with the file's own vocabulary (tinygrad.llm's tokenizer), "
+                                   "decodes greedily with the route's families and kernel choices, streams the text "
+                                   "to stdout and says the decode rate on stderr. With and without a route the greedy "
+                                   "text is the same: a route changes how fast, never what.")
+    model_arg(p)
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate at most (default 32)")
+    p.add_argument("--route", metavar="ROUTE.json", help="a route file (`none`, or BOLTBEAM_ROUTE=none: tinygrad's own)")
+    p.add_argument("--device", choices=["CPU", "CUDA"], default="CPU", help="tinygrad device (default CPU)")
+    p.add_argument("--json", action="store_true", help="print one JSON record at the end instead of streaming")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from boltbeam.cli.read import resolve_model
+    from boltbeam.read.census import take_census
+    from boltbeam.route import use
+    if not args.prompt.strip():
+        raise BadInput("--prompt is empty: give the text to continue")
+    if args.max_tokens < 1:
+        raise BadInput(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    model = resolve_model(args)
+    length = take_census(model).facts.context_length
+    tokenizer = use.tokenizer_of(use.tokenizer_kv(model))
+    try:
+        ids = tokenizer[0].prefix() + tokenizer[0].encode(args.prompt)
+    except RuntimeError:      # tinygrad.llm's tokenizer: a piece its vocabulary cannot spell
+        raise BadInput("the prompt holds text the model's vocabulary cannot spell") from None
+    if length and len(ids) + args.max_tokens > length:
+        raise BadInput(f"the prompt's {len(ids)} tokens and --max-tokens {args.max_tokens} exceed the model's "
+                       f"context length {length}")
+    os.environ["DEV"] = args.device     # tinygrad reads its device when first imported
+    with contextlib.ExitStack() as inside:
+        with report.console().status("loading the model and building the route"):
+            routed = inside.enter_context(use.load(model, args.route, max_context=len(ids) + args.max_tokens + 1,
+                                                   tokenizer=tokenizer))
+        decoded = _decode(routed, ids, args.max_tokens, stream=not args.json)
+    if args.json:
+        report.print_json(decoded.to_dict())
+    else:
+        rate = f"{decoded.tok_s:,.1f} tok/s decoding" if decoded.tok_s else "too few tokens to time the decode"
+        print(f"\n[{len(decoded.tokens)} tokens, {rate}; route: {decoded.route}]", file=sys.stderr)
+        for note in decoded.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+@dataclass
+class Decoded:
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    step_seconds: list[float]       # each generated token's wall, the first with the prompt's prefill
+    route: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float | None:
+        """Tokens a second from the median step after the JIT captured; None with too few tokens."""
+        steady = self.step_seconds[CAPTURED_AFTER:]
+        return 1 / statistics.median(steady) if steady else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tok_s": self.tok_s}
+
+
+def _decode(routed, ids: list[int], max_tokens: int, stream: bool) -> Decoded:
+    """Greedy tokens until the model ends its turn or max_tokens; the text streamed as it comes."""
+    from boltbeam.route.use import label
+    tok, pieces, tokens, steps = routed.tokenizer, [], [], []
+    decode = tok.stream_decoder()
+    gen = routed.net.generate(list(ids))
+    while len(tokens) < max_tokens:
+        t0 = time.perf_counter()
+        token = next(gen)
+        steps.append(time.perf_counter() - t0)
+        if tok.is_end(token):
+            break
+        tokens.append(token)
+        pieces.append(decode(token))
+        if stream:
+            sys.stdout.write(pieces[-1])
+            sys.stdout.flush()
+    pieces.append(decode())
+    if stream:
+        sys.stdout.write(pieces[-1] + "\n")
+    notes = [*routed.notes, *(note for built in routed.built for note in built.notes)]
+    return Decoded(list(ids), tokens, "".join(pieces), steps, label(routed), notes)
