@@ -178,8 +178,7 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), max_conte
     """The model loaded with the route's families and its kernels' opts (while inside the `with`, where
     tinygrad compiles them). tinygrad's device is the one DEV named when it was first imported.
     `tokenizer`: tokenizer_of's answer where the caller has it already."""
-    from tinygrad.llm.model import Transformer
-
+    from boltbeam.measure import architectures
     from boltbeam.read.census import take_census
     census = take_census(model)
     routed_path = route_for(route, model, hash_check)
@@ -189,7 +188,7 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), max_conte
     # The route was judged with its BEAM width: the kernels it leaves to tinygrad are searched with it.
     with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.beam if r else 0):
         tokenizer, notes = tokenizer or tokenizer_of(tokenizer_kv(model))
-        net, _ = Transformer.from_gguf(pathlib.Path(model), max_context)
+        net = architectures.load(pathlib.Path(model), max_context, census)   # fitted to the file's formula
         built = [family(net, census, model) for family in build]
         yield Routed(net, tokenizer, built, applied, r.beam if r else 0, notes)
 
