@@ -39,13 +39,14 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_profile)
 
 
-def profile_flags(p: argparse.ArgumentParser, device_required: bool) -> None:
-    """The decode run's flags, shared by `profile` and `audit`."""
+def profile_flags(p: argparse.ArgumentParser, device_required: bool, depth: bool = True) -> None:
+    """The decode run's flags, shared by `profile`, `audit` and (without --context) `sweep`."""
     p.add_argument("--device", required=device_required, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
     p.add_argument("--engine", choices=["tinygrad", "llama.cpp"], default="tinygrad",
                    help="what runs the model: tinygrad (default), or llama.cpp through llama-cpp-python built "
                         "with CUDA, its kernels timed by CUPTI in its own CUDA graphs (--device CUDA)")
-    p.add_argument("--context", type=int, default=0, metavar="N", help="prompt length: KV depth before decoding")
+    if depth:
+        p.add_argument("--context", type=int, default=0, metavar="N", help="prompt length: KV depth before decoding")
     p.add_argument("--tokens", type=int, default=10, metavar="K", help="measured tokens per pass (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="tokens before measuring (default 3, the JIT's capture)")
     p.add_argument("--beam", type=int, default=0, metavar="N",

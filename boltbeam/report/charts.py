@@ -246,3 +246,22 @@ def funnel(steps: list[tuple[str, int]]) -> tuple[str, Rows]:
     ax.set_xlabel("settings")
     ax.set_title("The search's space, step by step")
     return _svg(fig), rows
+
+
+def depths(sweeps: list) -> tuple[str, Rows]:
+    """Tokens a second against KV depth, a line an engine or route (measure.sweep's Sweep each)."""
+    rows: Rows = [{"sweep": name, "context": d.context, "tok_s": d.tok_s, "wall_us": d.wall_us, "route": d.route}
+                  for name, sw in sweeps for d in sw.depths]
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.subplots()
+    for (name, sw), color in zip(sweeps, distinct_colors(len(sweeps))):
+        ax.plot([d.context for d in sw.depths], [d.tok_s for d in sw.depths], marker="o", color=color, label=name)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(MICROSECONDS)      # plain digits with commas: 4,096, not 2^12
+    ax.set_xlabel("KV depth (positions before the token)")
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("The token against depth")
+    return _svg(fig), rows
+

@@ -192,3 +192,22 @@ def render(audit: Audit) -> str:
         charts=_charts(audit), unread=audit.unread, output=audit.output, ledger_path=audit.ledger_path, ledger=audit.ledger, version=__version__,
         trace_path=audit.trace_path, source=audit.trace.provenance.get("source", "unknown source"),
         environment=env_text, notes=audit.bound.notes)
+
+
+def render_sweep(sweeps: list) -> str:
+    """A depth sweep's page: tokens a second against depth (each sweep a line: this one and any compared),
+    then each sweep's token by region at every depth. `sweeps`: (name, measure.sweep.Sweep) pairs."""
+    svg, rows = charts.depths(sweeps)
+    cols = [("sweep", "sweep", None), ("depth", "context", lambda x: f"{x:,}"), ("tokens/s", "tok_s", _num),
+            ("µs a token", "wall_us", _num), ("what ran", "route", None)]
+    chart = Chart("depths", "The token against depth",
+                  "Each point the median plain token of one profile at that depth, in a process of its own.",
+                  svg, [c[0] for c in cols], _table(rows, cols))
+    tables = []
+    for name, sw in sweeps:
+        placed = [d for d in sw.depths if d.regions_us]
+        rows = [[Cell(region)] + [Cell(_num(d.regions_us.get(region)), True) for d in placed] for region in REGIONS]
+        tables.append((name, [f"{d.context:,}" for d in placed], rows))
+    return _environment().get_template("sweep.html.j2").render(
+        title=", ".join(name for name, _ in sweeps), charts=[chart], tables=tables, version=__version__,
+        sources=[(name, sw) for name, sw in sweeps])

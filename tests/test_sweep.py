@@ -1,0 +1,69 @@
+"""`boltbeam sweep`: a trace a depth, tokens/s and regions by depth, a page with another sweep beside it; bad
+depths refused in one line before anything runs."""
+import json
+import statistics
+
+import pytest
+
+from boltbeam.cli import main
+from boltbeam.errors import BadInput
+from boltbeam.measure import sweep as sweeps
+from boltbeam.measure import trace as tracefile
+from boltbeam.report.page import render_sweep
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "4,-8", "a", "4,,8", "²", "4,4", "1e3", ",".join(["4"] * 17)])
+def test_bad_depths(text):
+    with pytest.raises(BadInput, match="--contexts"):
+        sweeps.parse_contexts(text)
+
+
+def test_depths_in_order():
+    assert sweeps.parse_contexts("4096, 512,16384") == [512, 4096, 16384]
+
+
+@pytest.mark.parametrize("contexts, says", [("0", "at least 1"), ("8,100000", "past"), ("x", "whole numbers")])
+def test_bad_depths_write_nothing(capsys, tmp_path, tiny_model, contexts, says):
+    code, out, err = run(capsys, "sweep", tiny_model, "--device", "CPU", "--contexts", contexts, "--out", tmp_path / "s")
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
+def test_a_sweep_on_cpu(capsys, tmp_path, tiny_model):
+    out = tmp_path / "s"
+    code, printed, err = run(capsys, "sweep", tiny_model, "--device", "CPU", "--contexts", "8,2", "--tokens", "1",
+                             "--constants-once", "--out", out, "--json")
+    assert code == 0, err
+    doc = json.loads(printed)
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.html", "sweep.json", "trace_2.json", "trace_8.json"]
+    assert json.loads((out / "sweep.json").read_text()) == doc
+    assert [d["context"] for d in doc["depths"]] == [2, 8]
+    for d in doc["depths"]:
+        trace = tracefile.load(d["trace"])
+        assert trace.workload["context"] == d["context"] and "constants-once" in d["route"]   # the flag reached it
+        assert d["wall_us"] == statistics.median(trace.token_wall_us)
+        assert d["regions_us"]["attention"] > 0 and doc["tok_s"][str(d["context"])] == pytest.approx(1e6 / d["wall_us"])
+    html = (out / "sweep.html").read_text()
+    assert html.count("<svg") == 1 and "depth 8" in html and "trace_8.json" in html
+    # read back (as --compare reads another sweep) and drawn beside itself under another name: a line each
+    this = sweeps.load(str(out / "sweep.json"))
+    assert this.depths == [sweeps.Depth(**d) for d in doc["depths"]]
+    both = render_sweep([("A", this), ("B", this)])
+    assert both.count("<svg") == 1 and both.count("µs a token by region") == 2 and ">B<" in both
+
+
+def test_a_malformed_sweep_is_one_line(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"format": "boltbeam-sweep", "version": 1, "model": "m", "device": "CPU",
+                                "engine": "tinygrad", "depths": [{"context": 4, "trace": "t", "route": "r",
+                                                                  "wall_us": 0, "regions_us": {}}]}))
+    with pytest.raises(BadInput, match="not a positive number"):
+        sweeps.load(str(path))
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(BadInput, match="not a BoltBeam sweep"):
+        sweeps.load(str(path))
