@@ -105,15 +105,22 @@ def replaceable(path: str | os.PathLike) -> Path:
         raise BadInput(f"{p} is a folder, not a file to write")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise BadInput(f"{p} is not a regular file (a link, a device, a pipe): left untouched")
-    if st is not None and (input_ := _inputs.get((st.st_dev, st.st_ino))):
-        raise BadInput(f"{p} is this command's input ({input_}): it would be replaced by an output; write elsewhere")
+    _not_an_input(p, (st.st_dev, st.st_ino) if st is not None else None)
     return p
 
 
+def _not_an_input(p: Path, identity: tuple[int, int] | None) -> None:
+    if identity is not None and (input_ := _inputs.get(identity)):
+        raise BadInput(f"{p} is this command's input ({input_}): it would be replaced by an output; write elsewhere")
+
+
 def check_outputs(paths: list[str | os.PathLike]) -> None:
-    """Before a command runs: every output it will write may be replaced, and no two are one file."""
+    """Before a command runs: no output it will write is one of its inputs (by any name: a link too), and no
+    two are one file. (What may stand where an output goes, each write checks: replaceable.)"""
     seen: dict[str, Path] = {}
-    for p in map(replaceable, paths):
+    for p in map(Path, paths):
+        _lstat(p)   # a name the file system cannot hold: one line now, not after the work
+        _not_an_input(p, _identity(p))
         if (real := os.path.realpath(p)) in seen:
             raise BadInput(f"{seen[real]} and {p} are one file: name two outputs")
         seen[real] = p

@@ -41,7 +41,9 @@ def one_line(capsys, code: int, rc: int, *says: str) -> str:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes (SQLite's -shm and -wal beside a ledger it read left out)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.endswith(("-shm", "-wal"))}
 
 
 # --- 1. an output that is the command's own input ---------------------------------------------------
