@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-import tomllib
 from dataclasses import dataclass, field, replace
-from importlib import resources
 
 from gguf import Keys
 from tinygrad import Tensor, function, nn
@@ -36,15 +34,10 @@ from tinygrad.llm import model
 from tinygrad.llm.model import TransformerBlock, apply_rope
 
 from boltbeam.errors import Refused
-from boltbeam.read.census import Census
+from boltbeam.read.census import Census, architecture_facts
 
 ACTIVATIONS = {"silu": lambda x: x.silu(), "gelu_tanh": lambda x: x.gelu(approximate="tanh")}
 SCALES = {"sqrt_width": lambda width: math.sqrt(width)}
-
-
-@functools.cache
-def _facts() -> dict[str, dict]:
-    return tomllib.loads(resources.files("boltbeam.data").joinpath("architectures.toml").read_text())
 
 
 @dataclass(frozen=True)
@@ -70,23 +63,19 @@ def _stated(census: Census, key: str):
 
 def formula_of(census: Census) -> Formula:
     """The formula the file's facts, and its architecture's where the file is silent, call for."""
-    K, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+    K, R = Keys.LLM, Keys.Rope
     capped = [f"{k.split('.', 1)[1]} = {v}" for k in (K.FINAL_LOGIT_SOFTCAPPING, K.ATTN_LOGIT_SOFTCAPPING)
               if (v := _stated(census, k))]
     if capped:
         raise Refused(f"model {census.path}: the file states a logit soft-cap ({', '.join(capped)}); neither "
                       f"tinygrad.llm nor BoltBeam's adapter computes one (adapter-incomplete)")
-    arch = _facts().get(census.architecture, {})
+    arch = architecture_facts(census.architecture)
     f = census.facts
     post = {t.role for t in census.tensors} & {"post_attn_norm", "post_ffn_norm"}
     if len(post) == 1:
         raise Refused(f"model {census.path}: only {post.pop()} of the two post-norms; BoltBeam's adapter applies "
                       f"both or none (adapter-incomplete)")
-    sliding: frozenset[int] = frozenset()
-    if f.sliding_window:
-        pattern = arch.get("sliding_window_pattern")
-        sliding = frozenset(f.swa_blocks if _stated(census, A.SLIDING_WINDOW_PATTERN) is not None or not pattern
-                            else (i for i in range(f.blocks) if (i + 1) % pattern))
+    sliding = frozenset(f.swa_blocks if f.sliding_window else ())
     base = _stated(census, R.FREQ_BASE_SWA) or arch.get("rope_freq_base_swa") or _stated(census, R.FREQ_BASE)
     scaling = _stated(census, R.SCALING_TYPE)
     if scaling not in (None, "none", "linear"):

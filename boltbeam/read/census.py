@@ -4,8 +4,11 @@ Reads only the header and tensor table (memory-mapped); no tensor data is touche
 """
 from __future__ import annotations
 
+import functools
 import os
+import tomllib
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,13 @@ class Census:
         }
 
 
+@functools.cache
+def architecture_facts(architecture: str) -> dict[str, Any]:
+    """What an architecture fixes that its files do not state (data/architectures.toml); {} for none."""
+    text = resources.files("boltbeam.data").joinpath("architectures.toml").read_text()
+    return tomllib.loads(text).get(architecture, {})
+
+
 def _key(reader, arch: str, key_template: str) -> Any:
     return scalar(reader, key_template.format(arch=arch))
 
@@ -157,6 +167,8 @@ def _facts(path: str | os.PathLike, reader, arch: str, tensors: list[TensorEntry
     swa_blocks: list[int] = []
     if window:
         pattern = _key(reader, arch, A.SLIDING_WINDOW_PATTERN)
+        if pattern is None:                  # the architecture's own, where the file states none
+            pattern = architecture_facts(arch).get("sliding_window_pattern")
         if isinstance(pattern, list):        # one flag per block: True = sliding window
             swa_blocks = [i for i, on in enumerate(pattern) if on]
         elif isinstance(pattern, int) and pattern > 0:  # every pattern-th block attends fully
