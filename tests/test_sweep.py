@@ -67,3 +67,25 @@ def test_a_malformed_sweep_is_one_line(tmp_path):
     path.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(BadInput, match="not a BoltBeam sweep"):
         sweeps.load(str(path))
+
+
+def test_a_refusal_after_the_trace_stays_beside_its_numbers(tmp_path, monkeypatch):
+    """A profile that wrote its trace and then refused (a tensor never read) keeps its depth, refusal said;
+    one that wrote nothing stops the sweep with its reason."""
+    from boltbeam.errors import Refused
+    from boltbeam.measure import tinygrad_run
+
+    def profiled(model, device, out, *flags):
+        context = int(flags[flags.index("--context") + 1])
+        if context == 99:
+            return "boltbeam: error: out of memory"
+        tracefile.save(tracefile.Trace(environment={"engine": "tinygrad"}, workload={"context": context},
+                                       route={"label": "r"}, token_wall_us=[100.0, 300.0], provenance={}), out)
+        return "boltbeam: refused: adapter-incomplete: 1 of the file's tensors was never read"
+    monkeypatch.setattr(tinygrad_run, "profile_elsewhere", profiled)
+    done = sweeps.sweep("m.gguf", "CPU", [4, 8], tmp_path, [])
+    assert [(d.context, d.wall_us, d.regions_us) for d in done.depths] == [(4, 200.0, {}), (8, 200.0, {})]
+    assert all("never read" in d.refusal for d in done.depths)
+    assert "never read" in render_sweep([("A", done)])
+    with pytest.raises(Refused, match="depth 99 did not finish: boltbeam: error: out of memory"):
+        sweeps.sweep("m.gguf", "CPU", [99], tmp_path, [])

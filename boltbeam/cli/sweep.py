@@ -7,6 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from boltbeam import report
 
 
@@ -76,5 +78,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         [(f"{d.context:,}", f"{d.tok_s:,.1f}", f"{d.wall_us:,.2f}",
           *(f"{d.regions_us.get(r, 0):,.2f}" for r in REGIONS if placed), d.route) for d in done.depths],
         right=tuple(range(1, 3 + len(REGIONS)))))
+    for d in done.depths:
+        if d.refusal:
+            report.console().print(f"depth {d.context:,}: {escape(d.refusal)}")
     report.console().print(f"wrote {out / 'sweep.json'}, {out / 'sweep.html'} and a trace a depth")
     return 0

@@ -2,6 +2,7 @@
 depth by region. What grows with depth is what reads the cache; the rest should stay put."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -27,6 +28,7 @@ class Depth:
     route: str
     wall_us: float
     regions_us: dict[str, float]
+    refusal: str | None = None    # what `profile` refused after writing the trace (e.g. a tensor never read)
 
     @property
     def tok_s(self) -> float:
@@ -70,17 +72,19 @@ def depth_of(trace: tracefile.Trace, path: str) -> Depth:
 def sweep(model: str, device: str, contexts: list[int], out: Path, flags: list[str],
           progress: Callable[[int], None] = lambda context: None) -> Sweep:
     """`boltbeam profile` at each depth in a process of its own (the adapter's hooks go in before tinygrad
-    first compiles), its trace written into `out`; a depth that fails stops the sweep with its reason."""
+    first compiles), its trace written into `out`; a depth with no trace stops the sweep with its reason, one
+    whose profile refused after writing its trace keeps the refusal beside its numbers."""
     from boltbeam.measure.tinygrad_run import profile_elsewhere
     depths, engine = [], "tinygrad"
     for context in contexts:
         progress(context)
         path = out / f"trace_{context}.json"
-        if (why := profile_elsewhere(model, device, str(path), "--context", str(context), *flags)) is not None:
+        why = profile_elsewhere(model, device, str(path), "--context", str(context), *flags)
+        if why is not None and not path.is_file():
             raise Refused(f"the profile at depth {context} did not finish: {why}")
         trace = tracefile.load(str(path))
         engine = trace.environment.get("engine", engine)
-        depths.append(depth_of(trace, str(path)))
+        depths.append(dataclasses.replace(depth_of(trace, str(path)), refusal=why))
     return Sweep(model, device, engine, depths)
 
 
@@ -91,7 +95,8 @@ def load(path: str) -> Sweep:
         raise BadInput(f"{path}: not a BoltBeam sweep (sweep.json of `boltbeam sweep`)")
     try:
         depths = [Depth(int(x["context"]), str(x["trace"]), str(x["route"]), float(x["wall_us"]),
-                        {str(k): float(v) for k, v in x["regions_us"].items()}) for x in d["depths"]]
+                        {str(k): float(v) for k, v in x["regions_us"].items()},
+                        None if x.get("refusal") is None else str(x["refusal"])) for x in d["depths"]]
         sweep = Sweep(str(d["model"]), str(d["device"]), str(d["engine"]), depths)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{path}: a malformed sweep ({type(e).__name__}: {e})") from None
