@@ -28,7 +28,8 @@ def is_number(x, limit: float = LIMIT) -> bool:
 def integer(text: str) -> int:
     """A whole number written in ASCII digits, with an optional sign (ValueError otherwise)."""
     if not _INTEGER.fullmatch(text):
-        raise ValueError(f"not a whole number in digits 0-9: {text[:40]!r}")
+        raise ValueError(f"{text[:24]!r} has more than 18 digits: past any count BoltBeam takes"
+                         if re.fullmatch(r"[+-]?[0-9]+", text) else f"not a whole number in digits 0-9: {text[:40]!r}")
     return int(text)
 
 

@@ -7,8 +7,7 @@ import errno
 import os
 import sys
 
-from boltbeam import __version__
-from boltbeam import files, units
+from boltbeam import __version__, files, units
 from boltbeam.errors import BadInput, Refused
 
 # Sub-command modules, in pipeline order; each has register(subparsers).
@@ -41,9 +40,19 @@ def _ascii_numbers(parser: argparse.ArgumentParser) -> None:
     (int() takes '١٢', '1_0' and ten thousand digits; float() takes 'nan' and '1e999')."""
     for action in parser._actions:
         if action.type in (int, float):
-            action.type = units.integer if action.type is int else units.real
+            action.type = _said(units.integer if action.type is int else units.real)
         for sub in set((action.choices or {}).values()) if isinstance(action, argparse._SubParsersAction) else ():
             _ascii_numbers(sub)
+
+
+def _said(read):
+    """A number reader whose ValueError is argparse's message (not its bare "invalid value")."""
+    def parse(text: str):
+        try:
+            return read(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
