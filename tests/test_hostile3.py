@@ -395,3 +395,14 @@ def test_a_routes_family_numbers_are_bounded(tiny_model, tmp_path, family, table
     (tmp_path / "r.json").write_text(json.dumps(route_doc(model_sha256=sha256_file(tiny_model), **{family: table})))
     one_line(capsys, 2, main(["profile", tiny_model, "--device", "CPU", "--route", str(tmp_path / "r.json"),
                               "--out", str(tmp_path / "t.json")]), f"{family}'s numbers must be below 2**63")
+
+
+def test_a_baseline_given_in_the_search_folder_is_read_not_rewritten(inputs, capsys, monkeypatch):
+    """search --baseline D/baseline.json --out D does not profile the baseline again: no self-write (it stops
+    later, at --on's route, which is no route)."""
+    monkeypatch.chdir(inputs)
+    (inputs / "audit" / "baseline.json").write_text(json.dumps(trace_doc()))
+    rc = main(["search", "m.gguf", "--device", "CPU", "--target", "h200", "--family", "split_attention", "--ledger",
+               "L", "--baseline", "audit/baseline.json", "--on", "t.json", "--out", "audit"])
+    err = one_line(capsys, 2, rc, "route")
+    assert "this command's input" not in err

@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "whose workers offer a GPU resource and see the model and --out at these paths")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, the summary and the two traces")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run, out_files=lambda a: OUTPUTS)
+    # (a baseline given is read, not profiled into baseline.json)
+    p.set_defaults(func=run, out_files=lambda a: [n for n in OUTPUTS if n != "baseline.json" or not a.baseline])
 
     p = sub.add_parser("search-calibrate", help="fit FutureSight's constants to settings searches have timed",
                        description="Reads searches' summaries and ledgers (pairs: --summary S --ledger L, repeatable), "
