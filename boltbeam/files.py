@@ -201,8 +201,7 @@ def _umask() -> int:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    write_all({Path(path): data})
 
 
 def json_text(obj: Any) -> str:

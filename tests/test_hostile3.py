@@ -127,6 +127,13 @@ def test_audit_on_a_full_disk_writes_nothing(inputs, capsys, monkeypatch):
     assert snapshot(inputs / "audit") == before
 
 
+def test_a_failed_write_leaves_no_folder(inputs, capsys, monkeypatch):
+    monkeypatch.setattr(Path, "write_bytes", lambda self, data: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Quota")))
+    one_line(capsys, 2, main(["ledger", "export", "--ledger", str(inputs / "L"), "--out",
+                              str(inputs / "new" / "dir" / "L.jsonl")]), "Quota")
+    assert not (inputs / "new").exists()
+
+
 def test_a_failed_audit_leaves_no_folder(inputs, capsys, monkeypatch):
     from boltbeam.cli import audit
     monkeypatch.setattr(audit, "MAX_REPORT_BYTES", 10)
