@@ -24,9 +24,9 @@ def sliding_model() -> str:
     return str(package.assemble())
 
 
-def reference(path: str, context: int) -> dict:
+def reference(path: str, kind: str) -> dict:
     name, sha = Path(path).name, sha256_file(path)
-    return next(r for r in REFERENCE["runs"] if r["file"] == name and r["sha256"] == sha and r["context"] == context)
+    return next(r for r in REFERENCE["runs"] if r["file"] == name and r["sha256"] == sha and r["prompt_kind"] == kind)
 
 
 def greedy(path: str, prompt: list[int], tokens: int) -> list[int]:
@@ -40,14 +40,18 @@ def greedy(path: str, prompt: list[int], tokens: int) -> list[int]:
     return out + [next(gen) for _ in range(tokens - 1)]
 
 
-def test_the_recorded_prompts_are_the_ones_profile_runs():
+def test_the_recorded_profile_prompts_are_the_ones_profile_runs():
     from boltbeam.measure.tinygrad_run import prompt_tokens
-    assert all(r["prompt"] == prompt_tokens(r["context"], r["vocabulary"]) for r in REFERENCE["runs"])
+    runs = [r for r in REFERENCE["runs"] if r["prompt_kind"].startswith("profile ")]
+    assert runs and all(r["prompt"] == prompt_tokens(int(r["prompt_kind"].split()[1]), r["vocabulary"]) for r in runs)
 
 
 def test_sliding_window_architecture_gives_llama_cpps_greedy_tokens(sliding_model):
-    run = reference(sliding_model, 8)
-    assert greedy(sliding_model, run["prompt"], CHECKED) == run["tokens"][:CHECKED]
+    # A text llama.cpp's two attention paths decode alike, by margins of logits far above their rounding (profile's
+    # prompt of spread ids is a near tie even between those two paths: the record shows them apart).
+    run = reference(sliding_model, "text short")
+    assert run["flash"]["tokens"] == run["plain"]["tokens"] and min(run["flash"]["margins"][:CHECKED]) > 1
+    assert greedy(sliding_model, run["prompt"], CHECKED) == run["flash"]["tokens"][:CHECKED]
 
 
 def test_its_formula_comes_from_the_files_facts_and_the_architecture_table(sliding_model):
