@@ -116,6 +116,9 @@ def fit(net, formula: Formula, tensors: dict) -> None:
     if any(type(b) is not TransformerBlock for b in net.blk):
         raise Refused(f"blocks of {sorted({type(b).__name__ for b in net.blk} - {'TransformerBlock'})}: BoltBeam's "
                       f"adapter fits only tinygrad.llm's TransformerBlock (adapter-incomplete)")
+    if formula.sliding and net.blk[0].config.attn_output_gate:
+        raise Refused("a sliding window on gated attention: BoltBeam's adapter windows only ungated attention "
+                      "(adapter-incomplete)")
     for i, block in enumerate(net.blk):
         c = block.config
         sliding = i in formula.sliding
@@ -181,7 +184,8 @@ def _windowed_attention(self, x, start_pos):
     freqs = self.freqs_cis[start_pos:start_pos + T]
     q = apply_rope(q[..., :c.rope_dim], freqs).cat(q[..., c.rope_dim:], dim=-1)
     k = apply_rope(k[..., :c.rope_dim], freqs).cat(k[..., c.rope_dim:], dim=-1)
-    kv = Tensor(self.cache_kv.uop.after(self.cache_kv[:, :, :, start_pos:start_pos + T, :].uop.store(Tensor.stack(k, v).uop)))
+    stored = self.cache_kv[:, :, :, start_pos:start_pos + T, :].uop.store(Tensor.stack(k, v).uop)
+    kv = Tensor(self.cache_kv.uop.after(stored))
     attn = q.scaled_dot_product_attention(kv[0, :, :, 0:start_pos + T, :], kv[1, :, :, 0:start_pos + T, :],
                                           attn_mask=window_mask(T, start_pos, self.window, x), enable_gqa=True)
     return self.attn_output(attn.transpose(1, 2).reshape(B, T, -1))
