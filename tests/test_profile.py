@@ -16,15 +16,7 @@ from boltbeam.files import sha256_file
 from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
 from boltbeam.read.roles import read_kind
-
-
-def profile(model: str, out, *extra: str) -> tracefile.Trace:
-    cmd = [sys.executable, "-m", "boltbeam", "profile", model, "--device", "CPU", "--out", str(out), "--json", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
-    assert summary["out"] == str(out)
-    return tracefile.load(out)
+from tests.processes import profile
 
 
 def refuses(model: str, tmp_path, capsys, argv: list[str], said: str) -> None:
@@ -47,9 +39,9 @@ def refuses_routes(model: str, tmp_path, capsys, route: dict, key: str, cases) -
 
 
 @pytest.fixture(scope="module")
-def tiny_trace(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("traces") / "tiny.json"
-    return out, profile(tiny_model, out, "--context", "8", "--tokens", "3")
+def tiny_trace(tiny_model, profiled):
+    out = profiled(tiny_model, "--context", "8", "--tokens", "3")
+    return out, tracefile.load(out)
 
 
 def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tmp_path, capsys):
@@ -186,7 +178,7 @@ def test_a_machine_without_the_device_is_one_line(tiny_model, tmp_path, capsys):
     assert "tinygrad cannot open CUDA here" in err and err.count("\n") == 1 and not out.exists()
 
 
-def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
+def test_launch_cost_is_measured_and_counted(tiny_model, profiled, tmp_path, capsys):
     """measure-target --launch decodes calibration models with profile's own timing, brackets included, so
     its facts are BRACKETED; the account of a bracketed trace measures launch and sync on the token and
     says what the facts would have counted (their value times the token's launches)."""
@@ -205,8 +197,7 @@ def test_launch_cost_is_measured_and_counted(tiny_model, tmp_path, capsys):
          "read_samples_s": [1.0], "copy_samples_s": [1.0], "launch": dataclasses.asdict(cost)}
     toml.write_text(target_toml("cal", "calibrated here", m))
     assert get_target("cal", [str(toml)]).facts["launch_sync_per_call"].method == BRACKETED
-    trace = tmp_path / "t.json"
-    profile(tiny_model, trace, "--context", "8", "--tokens", "3")
+    trace = profiled(tiny_model, "--context", "8", "--tokens", "3")
     main(["account", str(trace), "--model", tiny_model, "--target", "cal", "--targets", str(toml), "--json"])
     d = json.loads(capsys.readouterr().out)
     kernels = len(tracefile.load(trace).kernels_of_token(0))
@@ -315,6 +306,7 @@ def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
     assert copy == [[], None, False]
 
 
+@pytest.mark.alone      # another test beside it would share the cores its timing measures
 def test_the_cpu_account_closes_three_times_of_three(tiny_model, tmp_path, capsys):
     """Issue 7's CPU promise: profile and account the tiny model three times, each in its own process;
     every account closes within 1%. Launch and sync are measured on the tokens, the timing's cost by
