@@ -193,7 +193,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert boltbeam_argvs("A=1 .venv/bin/boltbeam targets > t.txt && boltbeam bound --target h200") == [
         ["targets"], ["bound", "--target", "h200"]]
     assert unparsed(["bound", "--target", "h200"]) is None
-    assert "invalid integer value: 'N'" in unparsed(["bound", "--target", "h200", "--context", "N"])
+    assert "--context" in unparsed(["bound", "--target", "h200", "--context", "N"])
     table = "| a | b |\n| --- | --- |\n| `x|y` | z |\n| " + "w" * (MAX_CELL + 1) + " | v |\n"
     assert [p.split(":")[0] for p in table_problems(table)] == ["line 3", f"a cell of {MAX_CELL + 1:,} characters"]
 
