@@ -1,6 +1,7 @@
 """The target and the model a trace recorded are found without flags; where they cannot be, one line says so."""
 import json
 import platform
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,21 @@ def test_the_host_declares_what_a_cpu_search_needs():
     assert space.legal and all(s["local"] == 1 and s["group"] == 1 for s in space.legal)
     assert any(s["upcast"] > 1 or s["unroll"] > 1 for s in space.legal)
     assert all(s["upcast"] * s["unroll"] * 2 <= host.fact("registers_per_thread") for s in space.legal)
+
+
+def test_an_account_with_any_refusal_is_not_called_closed(tmp_path, capsys):
+    """A residual inside 1% with the kernels inflated by their timing is still a refused account: the
+    summary and the page say refused, as `account` exits 3 for it."""
+    from types import SimpleNamespace
+
+    from boltbeam.cli.audit import _summarize
+    page = tmp_path / "report.html"
+    page.write_text("x")
+    acc = SimpleNamespace(closed=True, refusals=["per-kernel timing inflated the kernels"])
+    audit = SimpleNamespace(account=acc, returns=None, no_account=None, wall_us=100.0, unread=None, trace_path="t",
+                            bound=SimpleNamespace(token_floor_us=10.0, ceiling_tok_s=1e5))
+    assert _summarize(audit, page, 0.0, SimpleNamespace(json=True, strict=False)) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["account"] == "refused" and "inflated" in said["why"]
+    template = (Path(__file__).parent.parent / "boltbeam/report/templates/audit.html.j2").read_text()
+    assert "{% elif not account.refusals %}<span class=\"closed\">closed" in template

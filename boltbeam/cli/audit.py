@@ -180,7 +180,7 @@ def _summarize(audit, html_path: Path, started: float, args: argparse.Namespace)
     summary = {"report": str(html_path), "bytes": html_path.stat().st_size, "seconds": time.monotonic() - started,
                "wall_us": audit.wall_us, "tok_s": 1e6 / audit.wall_us, "floor_us": audit.bound.token_floor_us,
                "ceiling_tok_s": audit.bound.ceiling_tok_s,
-               "account": "none" if acc is None else "closed" if acc.closed else "refused",
+               "account": "none" if acc is None else "refused" if acc.refusals else "closed",
                "why": audit.no_account if acc is None else "; ".join(acc.refusals) or None,
                "usd_per_mtok": ret.measured.usd_per_mtok if ret else None,
                "usd_per_mtok_at_ceiling": ret.ceiling.usd_per_mtok if ret else None,
