@@ -38,6 +38,7 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.files import replaceable, sha256_file, write_atomic
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
                                            match_records, split_by_token)
+from boltbeam.measure import seam
 from boltbeam.measure.route import SWITCH, Route, routed_label
 from boltbeam.measure.route import install as route_install
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
@@ -513,6 +514,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
                        f"run `boltbeam inspect --strict` for the list")
     _open(device)
+    seam.check()                                      # every patch point where this code reaches it, before loading
     cupti = Cupti() if timing == "cupti" else None    # fails here, before minutes of loading, if it is missing
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)

@@ -178,9 +178,10 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), max_conte
     """The model loaded with the route's families and its kernels' opts (while inside the `with`, where
     tinygrad compiles them). tinygrad's device is the one DEV named when it was first imported.
     `tokenizer`: tokenizer_of's answer where the caller has it already."""
-    from boltbeam.measure import architectures
+    from boltbeam.measure import architectures, seam
     from boltbeam.read.census import take_census
     census = take_census(model)
+    seam.check()
     routed_path = route_for(route, model, hash_check)
     build = families(routed_path, flags)           # before minutes of loading: a bad setting is one line now
     r = routed_path[1] if routed_path else None
