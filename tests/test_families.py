@@ -14,6 +14,7 @@ from boltbeam.bound.roofline import formats
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import VERDICTS
+from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
 from boltbeam.account.tieout import account
 from boltbeam.bound.roofline import bound
@@ -132,12 +133,11 @@ def test_constants_are_found_by_what_they_read():
     assert not constants.is_constant(Tensor.arange(16).float()[pos.bind(3)] + 1)
 
 
-def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
-    default = profile(tiny_model, tmp_path / "default.json", "--context", "4", "--tokens", "2")
-    routed = profile(tiny_model, tmp_path / "layout.json", "--context", "4", "--tokens", "2", "--layout", "float32:expanded")
-    once = profile(tiny_model, tmp_path / "once.json", "--context", "4", "--tokens", "2", "--constants-once")
-    stacked = profile(tiny_model, tmp_path / "stacked.json", "--context", "4", "--tokens", "2",
-                      "--layout", "float32:kernel:stacked")     # the generated kernel, on stacked planes
+def test_profile_with_the_families_on_cpu(tiny_model, profiled):
+    paths = {name: profiled(tiny_model, "--context", "4", "--tokens", "2", *flags) for name, flags in (
+        ("default", ()), ("layout", ("--layout", "float32:expanded")), ("once", ("--constants-once",)),
+        ("stacked", ("--layout", "float32:kernel:stacked")))}      # stacked: the generated kernel, on stacked planes
+    default, routed, once, stacked = (tracefile.load(paths[n]) for n in ("default", "layout", "once", "stacked"))
     lay = routed.route["settings"]["families"]["generated-layout"]
     assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
     assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
@@ -172,13 +172,13 @@ def test_profile_with_the_families_on_cpu(tiny_model, tmp_path):
     # What the layout's products reached of the bandwidth, by who wrote them: FutureSight's measured term.
     from boltbeam.route.choose import measured_fraction
     host = get_target("host")
-    written = {measured_fraction(str(tmp_path / f), host)[0] for f in ("layout.json", "stacked.json")}
+    written = {measured_fraction(str(paths[f]), host)[0] for f in ("layout", "stacked")}
     assert written == {"tensor_code", "generated_kernel"}
-    assert 0 < measured_fraction(str(tmp_path / "layout.json"), host)[1] < 1   # a CPU's gemv: under its bandwidth
+    assert 0 < measured_fraction(str(paths["layout"]), host)[1] < 1   # a CPU's gemv: under its bandwidth
     with pytest.raises(BadInput, match="ran no layout"):
-        measured_fraction(str(tmp_path / "default.json"), host)
-    assert main(["search-calibrate", "--target", "host", "--json", "--layout-trace", str(tmp_path / "layout.json"),
-                 "--layout-trace", str(tmp_path / "stacked.json")]) == 0
+        measured_fraction(str(paths["default"]), host)
+    assert main(["search-calibrate", "--target", "host", "--json", "--layout-trace", str(paths["layout"]),
+                 "--layout-trace", str(paths["stacked"])]) == 0
 
 
 def test_bad_layout_flags_and_route_layouts(tiny_model, tmp_path, capsys):
@@ -324,7 +324,7 @@ def test_futuresight_on_split_attention_settings(tiny_model):
         attention.decode_kernels(Tensor.empty(1, 4, 1, 16), Tensor.empty(1, 2, 8, 16), 32, lanes=True)
 
 
-def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tmp_path):
+def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, profiled, tmp_path):
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure.route import engine
     from tests.test_search import CPU_TARGETS, _ok, _run
@@ -333,9 +333,10 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
         led.append(candidate="repacked_layout float32:factored", verdict="refute", reasons=["two kernels a product"],
                    scope={"setting": "float32:factored"}, evidence=[], reopen=f"engine!={engine()}", actor="test")
     out = tmp_path / "layout"
+    base = profiled(tiny_model, "--context", "4", "--tokens", "5")     # the default route, as the search would profile it
     done = _ok(_run([sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
                      "--targets", CPU_TARGETS, "--family", "repacked_layout", "--context", "4", "--tokens", "5",
-                     "--ledger", str(ledger), "--out", str(out), "--budget", "3", "--json"]))
+                     "--ledger", str(ledger), "--out", str(out), "--budget", "3", "--baseline", str(base), "--json"]))
     summary = json.loads(done.stdout)
     cands = summary["candidates"]
     assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 12
@@ -475,11 +476,10 @@ def test_stacked_planes_give_each_layer_its_own_product():
     assert layout._stack_key(q6) != layout._stack_key(parts[0])
 
 
-def test_search_refuses_a_baseline_of_another_route(tiny_model, tmp_path, capsys):
+def test_search_refuses_a_baseline_of_another_route(tiny_model, profiled, tmp_path, capsys):
     """--baseline must be the default route at the search's depth and BEAM width: one line, nothing written."""
     from tests.test_search import CPU_TARGETS
-    base = tmp_path / "base.json"
-    profile(tiny_model, base, "--context", "4", "--tokens", "5")
+    base = profiled(tiny_model, "--context", "4", "--tokens", "5")
     out = tmp_path / "layout"
     cmd = ["search", tiny_model, "--device", "CPU", "--target", "host-like", "--targets", CPU_TARGETS, "--family",
            "repacked_layout", "--tokens", "5", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(out), "--baseline", str(base)]
@@ -512,7 +512,6 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     judged = [c for c in summary["candidates"] if not c["skipped"]]
     assert len(summary["candidates"]) == 20 and len(judged) == 1 and judged[0]["verdict"] in VERDICTS
     assert judged[0] == summary["candidates"][0]            # FutureSight's first
-    from boltbeam.measure import trace as tracefile
     ran = tracefile.load(str(out / f"split_attention_{judged[0]['setting'].replace(':', '_')}.json"))
     assert ran.route["label"] == "generated-layout + split-attention + boltbeam-search"
     assert tracefile.load(str(out / "baseline.json")).route["label"] == "generated-layout + boltbeam-search"
@@ -537,16 +536,17 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     assert {k: v for k, v in ran.route["settings"]["families"]["split-attention"].items() if k in ("chunk", "staged", "carried")} \
         == dict(zip(("chunk", "staged", "carried"), (int(judged["setting"].split(":")[0]), "staged" in judged["setting"],
                                                      "carried" in judged["setting"])))
-    routed = profile(tiny_model, tmp_path / "routed.json", "--context", "20", "--tokens", "2", "--route", str(tmp_path / "split.json"))
+    # The search's baseline is `boltbeam profile --route split.json`, in a process of its own.
+    routed = tracefile.load(str(tmp_path / "again" / "baseline.json"))
     assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
                                                                        "kernel": False, "wide": False, "unrolled": False, "lanes": False,
                                                                        "rotary": False, "pooled": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
-def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
-    default = profile(tiny_model, tmp_path / "default.json", "--context", "20", "--tokens", "2")
-    split = profile(tiny_model, tmp_path / "split.json", "--context", "20", "--tokens", "2", "--split-attention", "16:staged")
+def test_profile_with_split_attention(tiny_model, profiled, tmp_path, capsys):
+    default = tracefile.load(profiled(tiny_model, "--context", "20", "--tokens", "2"))
+    split = tracefile.load(profiled(tiny_model, "--context", "20", "--tokens", "2", "--split-attention", "16:staged"))
     fam = split.route["settings"]["families"]["split-attention"]
     assert split.route["label"] == "split-attention + tinygrad-scheduler"
     assert fam["chunk"] == 16 and fam["staged"] is True
@@ -573,14 +573,15 @@ def test_profile_with_split_attention(tiny_model, tmp_path, capsys):
         ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false")))
 
 
-def test_search_judges_constants_once_whole(tiny_model, tmp_path):
+def test_search_judges_constants_once_whole(tiny_model, profiled, tmp_path):
     """search --family constants_once: its one setting judged on the whole token against the route without
     it (here tinygrad's own); a route that already computes its constants once is refused."""
     from boltbeam.measure import route as routes
     from tests.test_search import _ok, _run, whole_search_cmd
     out = tmp_path / "once"
     cmd = whole_search_cmd(tiny_model, "constants_once", tmp_path / "ledger.sqlite")
-    summary = json.loads(_ok(_run([*cmd, "--out", str(out)])).stdout)
+    base = profiled(tiny_model, "--context", "4", "--tokens", "5")     # the default route, as the search would profile it
+    summary = json.loads(_ok(_run([*cmd, "--baseline", str(base), "--out", str(out)])).stdout)
     (only,) = summary["candidates"]
     assert only["setting"] == "once" and only["verdict"] in VERDICTS and only["predicted_bytes"] == 0
     assert only["predicted_terms"] == ["computed once at load"]
