@@ -13,12 +13,13 @@ import pytest
 from boltbeam.bound.targets import get_target
 from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import VERDICTS
+from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
 from boltbeam.route import choose, layout
 from boltbeam.route.gemv import Geometry
 from boltbeam.search.future import Calibration
 from tests.test_families import blocks, reference
-from tests.test_profile import profile, refuses, refuses_routes
+from tests.test_profile import refuses, refuses_routes
 
 ROWS, COLS = 64, 1024
 # Each knob at more than one value, loads of every width, and rows a thread of every count.
@@ -246,10 +247,10 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
         assert "measured generated_kernel" in sight[odd.flag].terms
 
 
-def test_profile_with_a_geometry_on_cpu(tiny_model, tmp_path, capsys):
-    default = profile(tiny_model, tmp_path / "default.json", "--context", "4", "--tokens", "2")
-    geo = profile(tiny_model, tmp_path / "gemv.json", "--context", "4", "--tokens", "2",
-                  "--layout", "float32:kernel", "--gemv", "1:32:2:16")
+def test_profile_with_a_geometry_on_cpu(tiny_model, profiled, tmp_path, capsys):
+    default = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2"))
+    geo = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2",
+                                  "--layout", "float32:kernel", "--gemv", "1:32:2:16"))
     fam = geo.route["settings"]["families"]["gemv-geometry"]
     assert geo.route["label"] == "generated-layout + gemv-geometry + tinygrad-scheduler"
     assert (fam["lanes_per_row"], fam["rows_per_group"], fam["rows_per_thread"], fam["load_bytes"]) == (1, 32, 2, 16)
@@ -472,10 +473,10 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
     assert all(c["skipped"] for c in summary["candidates"][1:])     # the budget: one judged
     ran = tracefile.load(first["trace"])
     assert ran.route["settings"]["families"]["gemv-geometry"]["per_product"] == first["setting"]
-    # Again from this search's times: each product's fastest are timed first.
+    # Again from this search's times (against its baseline, the same route): each product's fastest are timed first.
     again = json.loads(_ok(_run([*cmd, "--family", "gemv", "--alone", "2", "--seconds-per-kernel", "30",
                                  "--alone-from", str(out / "search.json"), "--on", str(tmp_path / "on.json"),
-                                 "--out", str(tmp_path / "from")])).stdout)
+                                 "--baseline", str(out / "baseline.json"), "--out", str(tmp_path / "from")])).stdout)
     fastest = {p["key"]: p["best"] for p in timed}
     assert all(p["from_earlier"] == 1 and p["timed"][0]["geometry"] == fastest[p["key"]] for p in again["alone"])
     if summary["chosen"]:
