@@ -21,6 +21,7 @@ from boltbeam.errors import Refused
 from boltbeam.search import fanout
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
+pytestmark = pytest.mark.xdist_group("fanout")    # one worker runs the module fixture `searches`, once
 
 SEARCH_SCRIPT = r'''
 import json, os, sys, threading, time, zlib

@@ -29,6 +29,7 @@ from boltbeam.search.future import REJECT_RATIO, Work, foresee, predict
 from boltbeam.search.space import SPLITS, WHICH, KernelShape, families, propose, searchable
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
+pytestmark = pytest.mark.xdist_group("search")    # one worker runs the module fixture `runs`, once
 H200 = get_target("h200")
 HOST = get_target("host-like", [CPU_TARGETS])
 FAM_ALL = searchable("tinygrad_opts")
