@@ -89,3 +89,12 @@ def test_a_refusal_after_the_trace_stays_beside_its_numbers(tmp_path, monkeypatc
     assert "never read" in render_sweep([("A", done)])
     with pytest.raises(Refused, match="depth 99 did not finish: boltbeam: error: out of memory"):
         sweeps.sweep("m.gguf", "CPU", [99], tmp_path, [])
+
+
+def test_a_compared_sweep_is_never_overwritten(capsys, tmp_path, tiny_model):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "sweep.json").write_text("{}")
+    code, _, err = run(capsys, "sweep", tiny_model, "--device", "CPU", "--contexts", "4", "--out", out,
+                       "--compare", out / "sweep.json")
+    assert code == 2 and "sweep.json" in err and (out / "sweep.json").read_text() == "{}"

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from boltbeam.cli.depth import MOST_POSITIONS
     from boltbeam.cli.read import resolve_model
     from boltbeam.read.census import take_census
     from boltbeam.route import use
@@ -41,15 +42,17 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise BadInput(f"--max-tokens must be at least 1, not {args.max_tokens}")
     model = resolve_model(args)
-    length = take_census(model).facts.context_length
+    census = take_census(model)
     tokenizer = use.tokenizer_of(use.tokenizer_kv(model))
     try:
         ids = tokenizer[0].prefix() + tokenizer[0].encode(args.prompt)
     except RuntimeError:      # tinygrad.llm's tokenizer: a piece its vocabulary cannot spell
         raise BadInput("the prompt holds text the model's vocabulary cannot spell") from None
-    if length and len(ids) + args.max_tokens > length:
-        raise BadInput(f"the prompt's {len(ids)} tokens and --max-tokens {args.max_tokens} exceed the model's "
-                       f"context length {length}")
+    limit = census.facts.context_length or MOST_POSITIONS
+    if len(ids) + args.max_tokens > limit:
+        whose = "the model's context length" if census.facts.context_length else "the most BoltBeam runs"
+        raise BadInput(f"the prompt's {len(ids):,} tokens and --max-tokens {args.max_tokens:,} exceed {whose}, "
+                       f"{limit:,} positions")
     os.environ["DEV"] = args.device     # tinygrad reads its device when first imported
     with contextlib.ExitStack() as inside:
         with report.console().status("loading the model and building the route"):

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the sweep as JSON")
     before = len(p._actions)
     profile_flags(p, device_required=True, depth=False)
-    p.set_defaults(func=run_sweep, profile_actions=p._actions[before:])
+    p.set_defaults(func=run_sweep, profile_actions=p._actions[before:],
+                   out_files=lambda a: ["sweep.json", "sweep.html"])      # (and a trace a depth, checked as written)
 
 
 def passed_on(args: argparse.Namespace) -> list[str]:
