@@ -52,3 +52,19 @@ def test_a_route_for_another_model_is_refused(capsys, tmp_path, smollm2, tiny_mo
     code, out, err = run(capsys, "generate", smollm2, "--prompt", PROMPT, "--route",
                          route_file(tmp_path, tiny_model, constants_once=True))
     assert code == 2 and out == "" and "made for another model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_device_asked_for_is_the_one_tinygrad_opens(smollm2):
+    """DEV is set before anything imports tinygrad (the tokenizer does), so --device CUDA on a machine
+    without CUDA is one line, not a run on the CPU."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "boltbeam", "generate", smollm2, "--prompt", PROMPT, "--device",
+                           "CUDA"], capture_output=True, text=True, timeout=300)
+    try:
+        from tinygrad import Device
+        Device["CUDA"]
+        pytest.skip("this machine opens CUDA")
+    except Exception:
+        pass
+    assert done.returncode == 2 and "cannot open CUDA" in done.stderr and done.stdout == ""

@@ -43,6 +43,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-tokens must be at least 1, not {args.max_tokens}")
     model = resolve_model(args)
     census = take_census(model)
+    os.environ["DEV"] = args.device     # tinygrad reads its device when first imported: before the tokenizer's import
+    from boltbeam.measure.tinygrad_run import open_device
+    open_device(args.device)            # a machine without it is one line here, before anything loads
     tokenizer = use.tokenizer_of(use.tokenizer_kv(model))
     try:
         ids = tokenizer[0].prefix() + tokenizer[0].encode(args.prompt)
@@ -53,10 +56,9 @@ def run_generate(args: argparse.Namespace) -> int:
         whose = "the model's context length" if census.facts.context_length else "the most BoltBeam runs"
         raise BadInput(f"the prompt's {len(ids):,} tokens and --max-tokens {args.max_tokens:,} exceed {whose}, "
                        f"{limit:,} positions")
-    os.environ["DEV"] = args.device     # tinygrad reads its device when first imported
     with contextlib.ExitStack() as inside:
         with report.console().status("loading the model and building the route"):
-            routed = inside.enter_context(use.load(model, args.route, max_context=len(ids) + args.max_tokens + 1,
+            routed = inside.enter_context(use.load(model, args.route, positions=len(ids) + args.max_tokens + 1,
                                                    tokenizer=tokenizer))
         decoded = _decode(routed, ids, args.max_tokens, stream=not args.json)
     if args.json:

@@ -19,6 +19,8 @@ POINTS = (
     ("tinygrad.tensor.Tensor.scaled_dot_product_attention", "", "replaced while split attention installs"),
     ("tinygrad.codegen.opt.search", "_time_program", "called to time a kernel as BEAM does (search/compiler.py)"),
     ("tinygrad.llm.model", "gguf_load", "replaced while the adapter loads, to keep every tensor of the file"),
+    ("tinygrad.llm.model", "apply_rope", "called by the adapter's windowed attention (measure/architectures.py)"),
+    ("tinygrad", "function", "the adapter's block call, as tinygrad.llm's own (measure/architectures.py)"),
     ("tinygrad.llm.model", "Transformer.from_gguf", "loads the model"),
     ("tinygrad.llm.model", "Transformer.generate", "decodes; direct replay stands in for it"),
     ("tinygrad.llm.model", "TransformerBlock._attention", "overridden per block by the adapter and the families"),
@@ -30,6 +32,9 @@ POINTS = (
 SET_IN = (
     ("tinygrad.device", "Buffer.__init__", "_base", "read to tell a view of the file's buffer from its base"),
     ("tinygrad.llm.model", "Transformer.generate", "_cached_tokens", "kept by direct replay as generate keeps it"),
+    ("tinygrad.llm.model", "TransformerBlock._attention", "cache_kv", "the KV cache the adapter's windowed attention "
+                                                                     "writes as tinygrad.llm's attention does"),
+    ("tinygrad.llm.model", "TransformerBlock._attention", "freqs_cis", "the rotary table the adapter's attention reads"),
 )
 
 

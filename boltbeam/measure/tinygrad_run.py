@@ -513,7 +513,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     if census.unclassified:
         raise BadInput(f"model {model}: {len(census.unclassified)} tensor(s) unclassified (adapter-incomplete); "
                        f"run `boltbeam inspect --strict` for the list")
-    _open(device)
+    open_device(device)
     seam.check()                                      # every patch point where this code reaches it, before loading
     cupti = Cupti() if timing == "cupti" else None    # fails here, before minutes of loading, if it is missing
     path = pathlib.Path(model)
@@ -536,7 +536,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
         return trace
 
 
-def _open(device: str) -> None:
+def open_device(device: str) -> None:
     """Open the device before loading minutes of weights; a machine without it is bad input."""
     from tinygrad import Device
     try:

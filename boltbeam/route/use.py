@@ -173,15 +173,17 @@ def tokenizer_of(kv: dict) -> tuple[Any, list[str]]:
 
 
 @contextlib.contextmanager
-def load(model: str, route: str | None = None, flags: Flags = Flags(), max_context: int | None = None,
+def load(model: str, route: str | None = None, flags: Flags = Flags(), positions: int = 1,
          hash_check: bool = True, tokenizer: tuple[Any, list[str]] | None = None) -> Iterator[Routed]:
     """The model loaded with the route's families and its kernels' opts (while inside the `with`, where
-    tinygrad compiles them). tinygrad's device is the one DEV named when it was first imported.
-    `tokenizer`: tokenizer_of's answer where the caller has it already."""
-    from boltbeam.measure import architectures, seam
+    tinygrad compiles them), its KV cache holding at least `positions`. tinygrad's device is the one DEV named
+    when it was first imported. `tokenizer`: tokenizer_of's answer where the caller has it already."""
+    from boltbeam.measure import seam
+    from boltbeam.measure.tinygrad_run import kv_positions
     from boltbeam.read.census import take_census
     census = take_census(model)
-    seam.check()
+    seam.check()                                   # before the adapter's own imports of tinygrad.llm
+    from boltbeam.measure import architectures
     routed_path = route_for(route, model, hash_check)
     build = families(routed_path, flags)           # before minutes of loading: a bad setting is one line now
     r = routed_path[1] if routed_path else None
@@ -189,7 +191,8 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), max_conte
     # The route was judged with its BEAM width: the kernels it leaves to tinygrad are searched with it.
     with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.beam if r else 0):
         tokenizer, notes = tokenizer or tokenizer_of(tokenizer_kv(model))
-        net = architectures.load(pathlib.Path(model), max_context, census)   # fitted to the file's formula
+        # the cache sized as profile and the search size it: a route's kernel keys hold its shape
+        net = architectures.load(pathlib.Path(model), kv_positions(census, positions), census)
         built = [family(net, census, model) for family in build]
         yield Routed(net, tokenizer, built, applied, r.beam if r else 0, notes)
 

@@ -110,6 +110,8 @@ def capture(model: str, census, device: str, context: int,
             progress: Callable[[str], None] = lambda s: None, prepare: list[Callable] | None = None) -> list[Captured]:
     """The distinct kernels of one decode token of `model` on `device`, with their launches per token.
     `prepare`: generated route families applied to the loaded model first, as `profile` applies them."""
+    from boltbeam.measure import seam
+    seam.check()                                   # before the adapter's own imports of tinygrad.llm
     from tinygrad import Context
     from tinygrad.engine import realize
     from tinygrad.uop.ops import Ops
