@@ -7,7 +7,7 @@ import pytest
 
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
-from boltbeam.measure import sweep as sweeps
+from boltbeam.account import sweep as sweeps
 from boltbeam.measure import trace as tracefile
 from boltbeam.report.page import render_sweep
 
@@ -78,7 +78,7 @@ def test_a_refusal_after_the_trace_stays_beside_its_numbers(tmp_path, monkeypatc
     def profiled(model, device, out, *flags):
         context = int(flags[flags.index("--context") + 1])
         if context == 99:
-            return "boltbeam: error: out of memory"
+            return "Killed"
         tracefile.save(tracefile.Trace(environment={"engine": "tinygrad"}, workload={"context": context},
                                        route={"label": "r"}, token_wall_us=[100.0, 300.0], provenance={}), out)
         return "boltbeam: refused: adapter-incomplete: 1 of the file's tensors was never read"
@@ -87,7 +87,7 @@ def test_a_refusal_after_the_trace_stays_beside_its_numbers(tmp_path, monkeypatc
     assert [(d.context, d.wall_us, d.regions_us) for d in done.depths] == [(4, 200.0, {}), (8, 200.0, {})]
     assert all("never read" in d.refusal for d in done.depths)
     assert "never read" in render_sweep([("A", done)])
-    with pytest.raises(Refused, match="depth 99 did not finish: boltbeam: error: out of memory"):
+    with pytest.raises(Refused, match="depth 99 did not finish: Killed"):
         sweeps.sweep("m.gguf", "CPU", [99], tmp_path, [])
 
 
@@ -98,3 +98,28 @@ def test_a_compared_sweep_is_never_overwritten(capsys, tmp_path, tiny_model):
     code, _, err = run(capsys, "sweep", tiny_model, "--device", "CPU", "--contexts", "4", "--out", out,
                        "--compare", out / "sweep.json")
     assert code == 2 and "sweep.json" in err and (out / "sweep.json").read_text() == "{}"
+
+
+def test_a_bad_route_or_family_is_one_line_before_any_profile(capsys, tmp_path, tiny_model):
+    for flags, says in ((["--route", tmp_path / "nope.json"], "nope.json"), (["--layout", "float16:sideways"], "layout")):
+        code, out, err = run(capsys, "sweep", tiny_model, "--device", "CPU", "--contexts", "4", "--out", tmp_path / "s",
+                             *flags)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
+def test_a_child_s_bad_input_stays_bad_input(tmp_path, monkeypatch):
+    from boltbeam.measure import tinygrad_run
+    monkeypatch.setattr(tinygrad_run, "profile_elsewhere", lambda *a: "boltbeam: error: --tokens must be 1 or more")
+    with pytest.raises(BadInput, match="depth 4: --tokens must be 1 or more"):
+        sweeps.sweep("m.gguf", "CPU", [4], tmp_path, [])
+
+
+@pytest.mark.parametrize("depth, says", [({"context": True}, "a depth of True"), ({"context": 0}, "a depth of 0"),
+                                         ({"regions_us": {"qkv": "x"}}, "not a positive number")])
+def test_a_sweep_s_numbers_are_checked(tmp_path, depth, says):
+    path = tmp_path / "sweep.json"
+    good = {"context": 4, "trace": "t", "route": "r", "wall_us": 10.0, "regions_us": {}}
+    path.write_text(json.dumps({"format": "boltbeam-sweep", "version": 1, "model": "m", "device": "CPU",
+                                "engine": "tinygrad", "depths": [{**good, **depth}]}))
+    with pytest.raises(BadInput, match=says):
+        sweeps.load(str(path))

@@ -7,9 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.markup import escape
-
 from boltbeam import report
+from boltbeam.errors import Refused
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +46,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from boltbeam.cli.depth import check_depth
     from boltbeam.cli.read import resolve_model
     from boltbeam.files import output_dir, write_all, json_text
-    from boltbeam.measure import sweep as sweeps
+    from boltbeam.account import sweep as sweeps
     from boltbeam.read.census import take_census
     from boltbeam.report.page import render_sweep
     model = resolve_model(args)
@@ -55,6 +54,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     census = take_census(model)
     for context in contexts:
         check_depth(census, context, args.tokens + args.warmup)
+    if args.engine == "tinygrad":     # the route and the families as every depth's profile reads them: one line now
+        from boltbeam.cli.measure import family_flags
+        from boltbeam.route.use import families, route_for
+        families(route_for(args.route, model, hash_check=not args.no_hash), family_flags(args))
     others = [(path, sweeps.load(path)) for path in args.compare]     # read before minutes of profiling
     out = output_dir(args.out)
     started = time.monotonic()
@@ -69,18 +72,22 @@ def run_sweep(args: argparse.Namespace) -> int:
         name = f"{done.engine} on {done.device}" + (f", {Path(args.route).name}" if args.route else "")
         write_all({**traces, out / "sweep.json": json_text(done.to_dict()),
                    out / "sweep.html": render_sweep([(name, done), *others])})
+    refused = [f"depth {d.context:,}: {d.refusal}" for d in done.depths if d.refusal]
     if args.json:
         report.print_json(done.to_dict())
-        return 0
+    else:
+        _print(done, model, name, out)
+    if refused:       # as profile alone: the numbers are written, and the run is refused
+        raise Refused("; ".join(refused))
+    return 0
+
+
+def _print(done, model: str, name: str, out: Path) -> None:
     from boltbeam.account.compare import REGIONS
     placed = [d for d in done.depths if d.regions_us]
     report.console().print(report.table(
         f"{model} at each depth ({name})", ["depth", "tokens/s", "µs a token", *(r for r in REGIONS if placed), "what ran"],
         [(f"{d.context:,}", f"{d.tok_s:,.1f}", f"{d.wall_us:,.2f}",
           *(f"{d.regions_us.get(r, 0):,.2f}" for r in REGIONS if placed), d.route) for d in done.depths],
-        right=tuple(range(1, 3 + len(REGIONS)))))
-    for d in done.depths:
-        if d.refusal:
-            report.console().print(f"depth {d.context:,}: {escape(d.refusal)}")
+        right=tuple(range(1, 3 + (len(REGIONS) if placed else 0)))))
     report.console().print(f"wrote {out / 'sweep.json'}, {out / 'sweep.html'} and a trace a depth")
-    return 0

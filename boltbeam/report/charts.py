@@ -249,7 +249,7 @@ def funnel(steps: list[tuple[str, int]]) -> tuple[str, Rows]:
 
 
 def depths(sweeps: list) -> tuple[str, Rows]:
-    """Tokens a second against KV depth, a line an engine or route (measure.sweep's Sweep each)."""
+    """Tokens a second against KV depth, a line an engine or route (account.sweep's Sweep each)."""
     rows: Rows = [{"sweep": name, "context": d.context, "tok_s": d.tok_s, "wall_us": d.wall_us, "route": d.route}
                   for name, sw in sweeps for d in sw.depths]
     fig = Figure(figsize=(7.5, 3.6))

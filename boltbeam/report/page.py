@@ -196,7 +196,7 @@ def render(audit: Audit) -> str:
 
 def render_sweep(sweeps: list) -> str:
     """A depth sweep's page: tokens a second against depth (each sweep a line: this one and any compared),
-    then each sweep's token by region at every depth. `sweeps`: (name, measure.sweep.Sweep) pairs."""
+    then each sweep's token by region at every depth. `sweeps`: (name, account.sweep.Sweep) pairs."""
     svg, rows = charts.depths(sweeps)
     cols = [("sweep", "sweep", None), ("depth", "context", lambda x: f"{x:,}"), ("tokens/s", "tok_s", _num),
             ("µs a token", "wall_us", _num), ("what ran", "route", None)]

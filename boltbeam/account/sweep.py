@@ -3,20 +3,19 @@ depth by region. What grows with depth is what reads the cache; the rest should 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from boltbeam.account.compare import label, region_times
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import load_json
 from boltbeam.measure import trace as tracefile
+from boltbeam.units import integer, is_number, is_whole
 
 FORMAT, VERSION = "boltbeam-sweep", 1
 MOST_DEPTHS = 16
-DEPTH = re.compile(r"[0-9]{1,9}")     # ASCII digits only: int() takes other scripts' digits, the flag does not
 
 
 @dataclass(frozen=True)
@@ -49,10 +48,11 @@ class Sweep:
 
 def parse_contexts(text: str) -> list[int]:
     """--contexts 512,4096,16384: depths of one or more positions, each once, in order."""
-    parts = text.split(",")
-    if not all(DEPTH.fullmatch(p.strip()) for p in parts):
-        raise BadInput(f"--contexts {text!r}: give depths as whole numbers joined by commas, e.g. 512,4096,16384")
-    depths = [int(p) for p in parts]
+    try:
+        depths = [integer(p.strip()) for p in text.split(",")]
+    except ValueError as e:
+        raise BadInput(f"--contexts {text!r}: give depths as whole numbers joined by commas, e.g. 512,4096,16384 "
+                       f"({e})") from None
     if any(d < 1 for d in depths):
         raise BadInput(f"--contexts {text!r}: every depth must be at least 1 position")
     if len(set(depths)) != len(depths) or len(depths) > MOST_DEPTHS:
@@ -61,7 +61,6 @@ def parse_contexts(text: str) -> list[int]:
 
 
 def depth_of(trace: tracefile.Trace, path: str) -> Depth:
-    from boltbeam.account.compare import label, region_times
     context = trace.workload.get("context")
     if not isinstance(context, int):
         raise BadInput(f"{path}: the trace records no KV depth")
@@ -81,6 +80,8 @@ def sweep(model: str, device: str, contexts: list[int], out: Path, flags: list[s
         path = out / f"trace_{context}.json"
         why = profile_elsewhere(model, device, str(path), "--context", str(context), *flags)
         if why is not None and not path.is_file():
+            if why.startswith("boltbeam: error: "):      # the profile's own bad input: the same line, exit 2
+                raise BadInput(f"depth {context}: {why.removeprefix('boltbeam: error: ')}")
             raise Refused(f"the profile at depth {context} did not finish: {why}")
         trace = tracefile.load(str(path))
         engine = trace.environment.get("engine", engine)
@@ -94,12 +95,14 @@ def load(path: str) -> Sweep:
     if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("version") != VERSION:
         raise BadInput(f"{path}: not a BoltBeam sweep (sweep.json of `boltbeam sweep`)")
     try:
-        depths = [Depth(int(x["context"]), str(x["trace"]), str(x["route"]), float(x["wall_us"]),
-                        {str(k): float(v) for k, v in x["regions_us"].items()},
+        depths = [Depth(x["context"], str(x["trace"]), str(x["route"]), x["wall_us"], dict(x["regions_us"]),
                         None if x.get("refusal") is None else str(x["refusal"])) for x in d["depths"]]
         sweep = Sweep(str(d["model"]), str(d["device"]), str(d["engine"]), depths)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{path}: a malformed sweep ({type(e).__name__}: {e})") from None
-    if not all(math.isfinite(x.wall_us) and x.wall_us > 0 for x in sweep.depths):
-        raise BadInput(f"{path}: a depth's token time is not a positive number")
+    for x in sweep.depths:
+        if not (is_whole(x.context) and x.context >= 1):
+            raise BadInput(f"{path}: a depth of {x.context!r} positions: depths are whole numbers of at least 1")
+        if not (is_number(x.wall_us) and x.wall_us > 0 and all(is_number(v) for v in x.regions_us.values())):
+            raise BadInput(f"{path}: depth {x.context}'s token time is not a positive number (or a region's not a number)")
     return sweep
