@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import functools
 import hashlib
 import json
 import os
@@ -213,6 +214,14 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
+    """The file's sha256, read once per process for a file unchanged since (a model is GBs: a routed profile
+    asks for its hash to check the route and again for the trace)."""
+    st = os.stat(path)
+    return _sha256(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):

@@ -112,9 +112,9 @@ def cpu_facts() -> str:
     if registers:
         lines.append(f'registers_per_thread = {{ value = {registers[0]}, unit = "count", status = "spec", '
                      f'source = "{registers[1]}", date = "{today}" }}')
-    if cores := os.cpu_count():
+    if cores := len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count():
         lines.append(f'multiprocessors = {{ value = {cores}, unit = "count", status = "measured", '
-                     f'source = "os.cpu_count(): the cores this process sees", date = "{today}" }}')
+                     f'source = "the logical CPUs this process may run on (its affinity)", date = "{today}" }}')
     return "".join(line + "\n" for line in lines)
 
 
