@@ -19,9 +19,9 @@ import pytest
 
 from boltbeam.errors import Refused
 from boltbeam.search import fanout
+from tests.processes import once
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
-pytestmark = pytest.mark.xdist_group("fanout")    # one worker runs the module fixture `searches`, once
 
 SEARCH_SCRIPT = r'''
 import json, os, sys, threading, time, zlib
@@ -92,8 +92,15 @@ def _search(tmp: Path, model: str, mode: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def searches(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fanout")
+def searches(tiny_model, shared):
+    """Made once a test run, by whichever pytest-xdist worker asks first; the others read it back."""
+    made = once(shared / "fanout.json", lambda path: path.write_text(json.dumps(_searches(tiny_model, shared))))
+    return json.loads(made.read_text())
+
+
+def _searches(tiny_model: str, shared: Path) -> dict:
+    tmp = shared / "fanout"
+    tmp.mkdir()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         runs = {m: pool.submit(_search, tmp, tiny_model, m) for m in ("single", "cluster")}
         out = {m: f.result() for m, f in runs.items()}
@@ -146,7 +153,7 @@ def test_an_unreachable_scheduler_is_one_line(tiny_model, tmp_path):
 
 def test_workers_without_a_gpu(tiny_model, tmp_path):
     from distributed import LocalCluster
-    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None) as bare:   # offers no GPU resource
+    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0") as bare:   # offers no GPU resource
         done = _cli(tmp_path, tiny_model, "CPU", "--scheduler", bare.scheduler_address)
     _one_line_and_untouched(done, tmp_path, 3, "no Dask worker offers a GPU resource")
     done = _cli(tmp_path, tiny_model, "CUDA", "--workers", "1")   # this machine has no CUDA device

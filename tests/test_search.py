@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,9 @@ from boltbeam.ledger.store import Ledger
 from boltbeam.measure import trace as tracefile
 from boltbeam.search.future import REJECT_RATIO, Work, foresee, predict
 from boltbeam.search.space import SPLITS, WHICH, KernelShape, families, propose, searchable
+from tests.processes import once
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
-pytestmark = pytest.mark.xdist_group("search")    # one worker runs the module fixture `runs`, once
 H200 = get_target("h200")
 HOST = get_target("host-like", [CPU_TARGETS])
 FAM_ALL = searchable("tinygrad_opts")
@@ -395,10 +396,17 @@ def profile_cmd(model: str, route: str, out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tmp_path_factory):
+def runs(tiny_model, shared):
+    """Made once a test run, by whichever pytest-xdist worker asks first; the others read it back."""
+    made = once(shared / "search_runs.pickle", lambda path: path.write_bytes(pickle.dumps(_runs(tiny_model, shared))))
+    return pickle.loads(made.read_bytes())
+
+
+def _runs(tiny_model: str, shared: Path) -> SimpleNamespace:
     """First: the search with its judge, beside the kernel capture and a profile without a route.
     Then: the search again (from the ledger), beside a profile with the first search's route."""
-    base = tmp_path_factory.mktemp("search")
+    base = shared / "search"
+    base.mkdir()
     ledger = base / "ledger.sqlite"
     script = base / "kernels.py"
     script.write_text(KERNELS_SCRIPT)
