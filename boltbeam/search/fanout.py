@@ -204,8 +204,8 @@ def cluster(device: str, workers: int | None = None, scheduler: str | None = Non
             specs = {i: {"cls": Nanny, "options": {"nthreads": 1, "resources": {RESOURCE: 1}, "memory_limit": 0,
                                                    "silence_logs": logging.CRITICAL, "env": {"DEV": device, **pin(i)}}}
                      for i in range(workers)}
-            local = stack.enter_context(SpecCluster(
-                workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+            local = stack.enter_context(SpecCluster(    # the scheduler's HTTP server on a free port: 8787 may be taken
+                workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
                 silence_logs=logging.CRITICAL))
             client = stack.enter_context(Client(local))
             client.wait_for_workers(workers)
