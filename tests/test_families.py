@@ -170,7 +170,7 @@ def test_profile_with_the_families_on_cpu(tiny_model, profiled):
     assert once.route["settings"]["families"]["constants-once"]["applied"] >= 1
     assert not any(k.category == "constant" for k in once.kernels_of_token(0))
     # What the layout's products reached of the bandwidth, by who wrote them: FutureSight's measured term.
-    from boltbeam.route.choose import measured_fraction
+    from boltbeam.search.choose import measured_fraction
     host = get_target("host")
     written = {measured_fraction(str(paths[f]), host)[0] for f in ("layout", "stacked")}
     assert written == {"tensor_code", "generated_kernel"}
@@ -212,7 +212,7 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
 
 
 def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
-    from boltbeam.route import choose
+    from boltbeam.search import choose
     census = take_census(tiny_model)
     h200 = get_target("h200")
     every, rejected = choose.LAYOUT.space(h200)      # no rule in chip facts: every setting is legal
@@ -255,7 +255,8 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
 def test_futuresight_on_split_attention_settings(tiny_model):
     """The cache read by whole chunks (more padding with longer chunks) and the kernels the compiler
     schedules (two more a block when staged)."""
-    from boltbeam.route import attention, choose
+    from boltbeam.route import attention
+    from boltbeam.search import choose
     census = take_census(tiny_model)
     f = census.facts
     row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES

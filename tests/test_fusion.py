@@ -14,7 +14,8 @@ from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
-from boltbeam.route import choose, fusion, layout
+from boltbeam.route import fusion, layout
+from boltbeam.search import choose
 from boltbeam.route.gemv import Geometry
 from boltbeam.search.future import Calibration
 from tests.test_families import blocks, reference
@@ -199,7 +200,7 @@ def test_a_product_reads_a_generated_kernels_output_in_place(view, in_place):
     otherwise). A view that is not the same elements in order (a shrink) is copied as before."""
     from tinygrad import Tensor, UOp
     from tinygrad.uop.ops import KernelInfo
-    from boltbeam.route.alone import Shape, random_planes
+    from boltbeam.search.alone import Shape, random_planes
     rng = np.random.default_rng(5)
     heads, dim = 4, 64
     p = random_planes(Shape(ROWS, heads * dim, 4, 32, True), "float16", rng)

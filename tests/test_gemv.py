@@ -15,8 +15,9 @@ from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
-from boltbeam.route import choose, layout
+from boltbeam.route import layout
 from boltbeam.route.gemv import Geometry
+from boltbeam.search import choose
 from boltbeam.search.future import Calibration
 from tests.test_families import blocks, reference
 from tests.test_profile import refuses, refuses_routes
@@ -221,7 +222,7 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
     sight = {g.flag: choose.gemv_prediction(census, g, 0, h200, cal, on) for g in choose.GEMV.space(h200)[0]}
     # The same bytes whatever the geometry: the layout's planes, as the layout family counts them.
     layout_bytes = choose.predicted_bytes(census, layout.Setting("float16", "kernel", "stacked"))
-    untaken = sum(t.bytes_per_token for t in census.tensors if not choose._taken(t) and not t.tied)
+    untaken = sum(t.bytes_per_token for t in census.tensors if not choose.taken_by_layout(t) and not t.tied)
     assert {s.bytes for s in sight.values()} == {layout_bytes - untaken}
     # Little's law: more bytes in flight a thread (wider loads) is never predicted slower at the same groups.
     assert sight["8:4:1:16"].memory_us <= sight["8:4:1:4"].memory_us
@@ -364,9 +365,10 @@ def test_a_geometry_for_each_product_goes_where_its_key_says(tiny_model):
 
 
 def test_each_product_alone_checked_then_timed_in_futuresights_order(tiny_model):
-    """route/alone.py: the layout's products by shape, counted as a token runs them; each timed at its
+    """search/alone.py: the layout's products by shape, counted as a token runs them; each timed at its
     best predicted geometries, at most `most`, each product checked before it is timed; the fastest chosen."""
-    from boltbeam.route import alone, gemv
+    from boltbeam.route import gemv
+    from boltbeam.search import alone
     # formats.toml's offset fact says which planes a format's blocks repack into, before any is built.
     rng = np.random.default_rng(0)
     for fmt in layout.formats_with_layout():
@@ -415,7 +417,8 @@ def test_an_earlier_searchs_fastest_go_first(tmp_path):
     """--alone-from: an earlier search's times alone, fastest first by product, are timed first (up to half
     of `most`; only those legal here, each once), then FutureSight's order; a file that is not such a
     summary is one line."""
-    from boltbeam.route import alone, gemv
+    from boltbeam.route import gemv
+    from boltbeam.search import alone
     shape = alone.Shape(256, 512, 6, 16, False)        # every geometry below divides it
     key = gemv.product_key(shape.planes())
     target = get_target("h200")
@@ -452,7 +455,8 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
     as profile --route reads it back (gemv.setting_of). --alone goes with --family gemv only."""
     from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
-    from boltbeam.route import alone, gemv
+    from boltbeam.route import gemv
+    from boltbeam.search import alone
     from tests.test_search import _ok, _run
     threads, on = kernel_route(tiny_model, tmp_path)
     out = tmp_path / "gemv"

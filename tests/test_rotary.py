@@ -10,7 +10,8 @@ import pytest
 from boltbeam.bound.targets import get_target
 from boltbeam.errors import BadInput
 from boltbeam.read.census import take_census
-from boltbeam.route import attention, choose, layout, rotary
+from boltbeam.route import attention, layout, rotary
+from boltbeam.search import choose
 from boltbeam.search.future import Calibration
 
 EPS = 1e-6

@@ -210,7 +210,7 @@ def test_only_tinygrad_opts_families_are_searched_per_kernel():
     assert set(known) == {"tinygrad_opts", "repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay",
                           "flash_attention_tile"}
     with pytest.raises(BadInput, match="expressed by generated-layout"):
-        searchable("repacked_layout")     # `search --family repacked_layout` judges it whole (route/choose.py)
+        searchable("repacked_layout")     # `search --family repacked_layout` judges it whole (search/choose.py)
     with pytest.raises(BadInput, match="expressed by generated-layout"):
         searchable("split_attention")     # built at load by profile --split-attention
     assert FAM.parameters["local"] == (1, 2, 4, 8, 16, 32, 64, 128) and FAM.expressed_by == "tinygrad-opts"

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
-WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay")   # judged whole (route/choose.py)
+WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay")   # judged whole (search/choose.py)
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
-    """A family judged on the whole token: each of its settings, FutureSight's best first (route/choose.py)."""
+    """A family judged on the whole token: each of its settings, FutureSight's best first (search/choose.py)."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from boltbeam.cli.depth import check_depth
@@ -183,8 +183,8 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
-    from boltbeam.route import alone as alone_timing
-    from boltbeam.route.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
+    from boltbeam.search import alone as alone_timing
+    from boltbeam.search.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
     family = FAMILIES[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
@@ -335,7 +335,7 @@ def _points(summary_path: str, ledger_path: str, target):
 def _calibrate_layout(paths: list[str], target, as_json: bool) -> int:
     from statistics import median
 
-    from boltbeam.route.choose import measured_fraction
+    from boltbeam.search.choose import measured_fraction
     by_writer: dict[str, list[float]] = {}
     for path in paths:
         writer, fraction = measured_fraction(path, target)

@@ -24,7 +24,7 @@ of spaces.toml's `gemv` family, as tinygrad's own opts on the kernel, never BEAM
 
 A setting is one geometry for every product, or a geometry for each product (`PerProduct`, keyed by
 the product's facts: rows, columns, bits a value, elements a group), as the search chooses by timing
-each product alone (route/alone.py). A product whose rows or groups its geometry does not divide, or
+each product alone (search/alone.py). A product whose rows or groups its geometry does not divide, or
 that a per-product setting does not name, keeps the compiler's choice for its kernel, and the family
 says how many did. Products are found by what they are (the layout's own layers in the kernel form),
 never by a model's names.

@@ -39,15 +39,16 @@ from boltbeam.measure.route import (CONSTANTS_LABEL, FUSION_LABEL, GEMV_LABEL, L
                                     SPLIT_ATTENTION_LABEL, Route, engine, routed_label)
 from boltbeam.measure.tinygrad_run import kv_positions, profile_elsewhere
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route import alone as alone_timing, attention, constants, fusion, gemv, replay
+from boltbeam.route import attention, constants, fusion, gemv, replay
 from boltbeam.route.fusion import Fusion
 from boltbeam.route.gemv import Geometry
-from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, WORD_BITS, Planes, Setting, stacks, values_of
+from boltbeam.route.layout import FAMILY, FORMS, SCALE_BYTES, STACKS, Planes, Setting, stacks, values_of
+from boltbeam.search import alone as alone_timing
+from boltbeam.search.alone import PER_KERNEL_FACT, geometry_sight, taken_by_layout, taken_groups
 from boltbeam.search.future import LOAD_BYTES, Calibration, Work, calibration, predict
 from boltbeam.search.space import families, on_target
 
 PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
-PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
 KV_BYTES = 2          # a cached key or value element, as the bound counts it (float16)
 # How each form's products are written (future.WRITERS): the compiler's tensor code, or one kernel
 # generated at tinygrad's UOp level.
@@ -134,17 +135,12 @@ def layout_setting(values: dict[str, int]) -> Setting:
     return Setting(by_bytes[values["scale_bytes"]], FORMS[values["form"]], STACKS[values["stacked"]])
 
 
-def _taken(t) -> bool:
-    """A layer the layout repacks: a 2-D table in a format it describes, not the embedding lookup."""
-    return len(t.shape) == 2 and values_of(t.format) is not None and t.role not in (None, "token_embd")
-
-
 def predicted_bytes(census, setting: Setting) -> int:
     """Bytes one token reads with the layout: each layer it takes as planes (an offset plane counted
     for every group: at most), every other tensor as the census has it."""
     total = 0
     for t in census.tensors:
-        if not _taken(t):
+        if not taken_by_layout(t):
             total += 0 if t.tied else t.bytes_per_token
             continue
         v = values_of(t.format)
@@ -159,9 +155,7 @@ def predicted_bytes(census, setting: Setting) -> int:
 def predicted_products(census, setting: Setting) -> int:
     """Kernels one token launches for the layers the layout takes: one a layer, or a stack when the
     stack is on; a factored product needs two."""
-    taken = [t for t in census.tensors if _taken(t)]
-    products = len(stacks(taken)) if setting.stack == "stacked" else len(taken)
-    return products * (2 if setting.form == "factored" else 1)
+    return len(taken_groups(census, setting)) * (2 if setting.form == "factored" else 1)
 
 
 def layout_prediction(census, setting: Setting, context: int, target: Target, cal: Calibration,
@@ -219,13 +213,6 @@ def rotary_kernels_removed(census, on: Route | None) -> int:
     return removed
 
 
-def taken_groups(census, setting: Setting) -> list[list]:
-    """The layers the layout takes, in the groups one product reads: a stack each when the stack is on,
-    else one layer each."""
-    taken = [t for t in census.tensors if _taken(t)]
-    return stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]
-
-
 def layout_products(census, setting: Setting) -> list[Planes]:
     """The products one token runs with the layout, as planes without tensors (their shapes and bits):
     one a layer, or one a stack when the stack is on."""
@@ -245,27 +232,6 @@ def kernel_layout_needed(family: str) -> Callable[[Route | None], str | None]:
                     f"layout form is kernel")
         return None
     return why
-
-
-def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target: Target, cal: Calibration):
-    """FutureSight on one product of `nbytes` at a geometry, or None where the geometry does not divide
-    its shape: Little's law at the geometry's threads, each keeping one load of `load_bytes` (at most a
-    group's) in flight for each row it sums and each group of a step; computing the input's group sums
-    once adds a kernel."""
-    if not geometry.divides(p):
-        return None
-    word = dataclasses.replace(cal, bytes_in_flight_per_thread=WORD_BITS // 8, unroll_adds_in_flight=True)
-    sight = predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
-                    {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
-                     "unroll": geometry.words_per_load(p) * geometry.rows_per_thread * geometry.groups_per_step},
-                    target, word)
-    if geometry.sums_once(p):
-        # The input's group sums run as a kernel of their own: one more kernel at the target's measured cost.
-        # What they save (the input read once a group, not again in every thread) is read from the cache,
-        # which this model does not see.
-        sight.us += (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
-        sight.terms.append("one more kernel")
-    return sight
 
 
 def gemv_prediction(census, geometry: Geometry, context: int, target: Target, cal: Calibration,
@@ -316,15 +282,15 @@ def fusion_prediction(census, folded: Fusion, context: int, target: Target, cal:
         if (kind := norm_kind(t.name, t.block)) is None:
             continue
         readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
-        if folded.norm and readers and all(_taken(r) for r in readers):
+        if folded.norm and readers and all(taken_by_layout(r) for r in readers):
             nbytes += len(stacks(readers) if stack else readers) * t.elements * 4
         elif folded.rms:
             removed -= RMS_KERNELS_ADDED
     if folded.gated:
-        gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and _taken(t)}
+        gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and taken_by_layout(t)}
         removed += (2 if stack else 1) * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
     if folded.inplace and (on.split_attention or {}).get("kernel"):     # the attention's output, copied no more
-        removed += sum(t.role == "attn_output" and _taken(t) for t in census.tensors)
+        removed += sum(t.role == "attn_output" and taken_by_layout(t) for t in census.tensors)
     return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
                     ("bandwidth",) + (("kernels removed",) if removed > 0 else ("kernels added",) if removed else ()))
 
@@ -449,7 +415,7 @@ def _same_setting(stored, current) -> bool:
 def per_product(census, route_on: Route, legal: list, target: Target, cal: Calibration, most: int, seconds: float,
                 say: Callable[[str], None], earlier: dict | None = None) -> tuple[Candidate | None, list]:
     """gemv: each product of the route's layout timed alone at its `most` best predicted geometries
-    (route/alone.py; an earlier search's fastest first where `earlier` holds them), and the setting that
+    (search/alone.py; an earlier search's fastest first where `earlier` holds them), and the setting that
     gives each product its fastest, as a candidate whose prediction is those times, each as often as a
     token runs its product (None: no product timed)."""
     products = alone_timing.time_products(census, Setting(**route_on.layout), legal, target, cal, most, seconds, say,

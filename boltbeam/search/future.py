@@ -20,7 +20,7 @@ as times. Its constants (bytes in flight per thread, whether unrolling adds load
 data/futuresight.toml per target, fitted to measured settings by `fit` (`boltbeam search-calibrate`);
 a target without an entry gets the physical defaults. The same file holds, per target, the
 fraction of the bandwidth a generated family's products reached by who wrote them (WRITERS), which
-the whole-token search (route/choose.py) divides the bandwidth by; unmeasured, the whole of it.
+the whole-token search (search/choose.py) divides the bandwidth by; unmeasured, the whole of it.
 """
 from __future__ import annotations
 
