@@ -39,6 +39,7 @@ from boltbeam.files import replaceable, sha256_file, write_atomic
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
                                            match_records, split_by_token)
 from boltbeam.measure import seam
+from boltbeam.measure.prepared import Prepared
 from boltbeam.measure.route import SWITCH, Route, routed_label
 from boltbeam.measure.route import install as route_install
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
@@ -322,23 +323,6 @@ def thread_group_limit(needs: str) -> int:
         raise BadInput(f"{needs}: the generated kernel runs thread groups with local memory; device "
                        f"{Device.DEFAULT} has none")
     return renderer.local_max[0] if renderer.local_max else 2 ** 31 - 1
-
-
-@dataclass
-class Prepared:
-    """What one generated route family did to the loaded model before its tokens were measured."""
-    family: str
-    settings: dict[str, Any]
-    applied: int = 0                   # parts of the model it changed (layers, tensors)
-    eligible: int = 0                  # parts it could have changed
-    bytes: int = 0                     # bytes the changed parts now hold
-    seconds: float = 0.0               # time spent making the change
-    placed: dict[int, tuple[TensorEntry, ...]] = field(default_factory=dict)   # a new buffer's identity -> the GGUF tensors it holds
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        return {**self.settings, "applied": self.applied, "eligible": self.eligible, "bytes": self.bytes,
-                "build_seconds": round(self.seconds, 3)}
 
 
 class Classifier:

@@ -48,7 +48,8 @@ from dataclasses import asdict, dataclass
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
-from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
+from boltbeam.measure.prepared import Prepared
+from boltbeam.measure.tinygrad_run import thread_group_limit
 from boltbeam.route import rotary
 from boltbeam.route.layout import in_place
 from boltbeam.units import DIGITS

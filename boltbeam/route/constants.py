@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from boltbeam.measure.route import CONSTANTS_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.prepared import Prepared
 
 FAMILY = CONSTANTS_LABEL
 SPACE = "constants_once"           # its one knob: data/spaces.toml

@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import FUSION_LABEL
-from boltbeam.measure.tinygrad_run import Prepared, thread_group_limit
+from boltbeam.measure.prepared import Prepared
+from boltbeam.measure.tinygrad_run import thread_group_limit
 from boltbeam.read.roles import NORM_READERS, norm_kind
 from boltbeam.route.layout import LayoutLinear, layers, module_at
 

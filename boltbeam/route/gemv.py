@@ -36,7 +36,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import GEMV_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.prepared import Prepared
 from boltbeam.route.layout import WORD_BITS, layers
 from boltbeam.units import DIGITS
 

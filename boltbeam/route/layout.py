@@ -30,7 +30,7 @@ import numpy as np
 from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import LAYOUT_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import SHARED_INPUT
 
 SCALE_BYTES = {"float16": 2, "float32": 4}

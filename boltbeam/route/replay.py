@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from boltbeam.measure.route import REPLAY_LABEL
-from boltbeam.measure.tinygrad_run import Prepared
+from boltbeam.measure.prepared import Prepared
 
 FAMILY = REPLAY_LABEL
 SPACE = "direct_replay"          # its one knob: data/spaces.toml
