@@ -20,13 +20,14 @@ column of ones beside the values), and the combine's denominator as one more col
 two reductions fewer a layer (each chunk's sum, the combine's denominator), one division more.
 
 `kernel`, the fourth, writes the same split as two kernels generated at tinygrad's UOp level
-(decode_kernels) in place of the tensor code: one thread group for each key head and chunk holding a
-position so far (the grid follows the position, as the tensor code's chunk axis does), a thread for
-each query head the key head serves and position of the chunk; each thread's score goes
-to local memory, each query head's maximum is read back from it, the exponentials go to local memory
-in turn, and the group writes each query head's maximum and weighted values with their sum beside
-them; a second kernel combines the chunks. The position comes in as the decode graph's own variable
-and the cache with the store that wrote this token's key and value, so the kernels read it after.
+(decode_kernels, which picks one of FORMS, a function each for its partials and combine) in place of the
+tensor code: one thread group for each key head and chunk holding a position so far (the grid follows
+the position, as the tensor code's chunk axis does), a thread for each query head the key head serves
+and position of the chunk; each thread's score goes to local memory, each query head's maximum is read
+back from it, the exponentials go to local memory in turn, and the group writes each query head's
+maximum and weighted values with their sum beside them; a second kernel combines the chunks. The
+position comes in as the decode graph's own variable and the cache with the store that wrote this
+token's key and value, so the kernels read it after.
 
 `rotary`, with the generated kernels, runs a decode step's query and key norms, rotary step and store of
 the key and value into the cache as one more kernel generated at tinygrad's UOp level (route/rotary.py)
@@ -43,8 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
@@ -190,188 +193,280 @@ def _cache_of(k):
     return Tensor(u)
 
 
-def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False, lanes: bool = False):
-    """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's
-    UOp level: partials (a group for each key head and chunk holding a position so far, a thread for each
-    of its query heads and positions; scores and exponentials through local memory; each query head's
-    maximum and weighted values, their sum beside them, written out) and a combine over the chunks (a
-    group a query head, a thread a dimension). k is the decode step's key view of the cache (1, KvH, L, Hd),
-    L = position + 1. `wide`: a thread reads its key row WIDE_KEYS halves a load, and for the weighted
-    values takes Hd/chunk consecutive dimensions of its query head (its value loads and output stores as
-    wide; no thread idle, no output gated); each chunk's sum goes to a buffer of its own, and the combine
-    sums values and denominators in one pass over the chunks. `unrolled` (with wide): the partials' reductions
-    over a key row and over a chunk's positions are written out in full, so a thread's loads go out together.
-    `lanes`: the partials run a thread for each query head and dimension (Hd/chunk threads a key row, their parts
-    summed through local memory; then a thread a dimension of the weighted values): at chunks of 32, four times
-    the wide form's threads, each with a quarter of its steps; the wide form's combine."""
-    import math
-    from tinygrad import Tensor, UOp, dtypes
+@dataclass(frozen=True)
+class Decode:
+    """The facts every form of the generated kernels reads: H query heads and KvH key heads of Hd dimensions, a
+    cache of P positions cut in chunks of `chunk`, W values a chunk writes a query head (narrow: its weighted
+    values, their sum beside; wide, lanes: a column a thread), L = position + 1 (the decode graph's variable,
+    unbound), and whether a thread's reductions over a key row and a chunk's positions are written out in full."""
+    H: int
+    KvH: int
+    Hd: int
+    P: int
+    chunk: int
+    W: int
+    L: Any
+    unrolled: bool = False
+
+    G = property(lambda self: self.H // self.KvH)                       # query heads a key head serves
+    C = property(lambda self: -(-self.P // self.chunk))                 # chunks of the cache
+    T = property(lambda self: self.G * self.chunk)                      # threads a group, narrow and wide
+    n = property(lambda self: (self.L + self.chunk - 1) // self.chunk)  # the chunks holding a position so far: the grid
+    scale = property(lambda self: 1.0 / math.sqrt(self.Hd))             # of a score
+
+    def live(self, c, j):
+        return c * self.chunk + j < self.L
+
+    def at(self, g, c, half, j, d):
+        """Where dimension d of chunk c's position j of key head g lies in the cache (half 0 keys, 1 values)."""
+        return ((half * self.KvH + g) * self.P + c * self.chunk + j) * self.Hd + d
+
+    def grid(self, threads: int):
+        """A group a key head and live chunk, `threads` threads a group: (key head, chunk, thread)."""
+        from tinygrad import UOp
+        return UOp.special(self.KvH, "gidx0"), UOp.special(self.n, "gidx1"), UOp.special(threads, "lidx0")
+
+    def over_thread(self, size, axis: int):
+        """A thread's own reduction: written out in full where unrolled, so its loads go out together (a loop
+        waits on each load before the next: latency, not bytes)."""
+        from tinygrad import UOp
+        from tinygrad.uop.ops import AxisType
+        return UOp.range(size, axis, AxisType.UNROLL if self.unrolled else AxisType.REDUCE)
+
+
+def _reduce(size, axis: int):
+    from tinygrad import UOp
+    from tinygrad.uop.ops import AxisType
+    return UOp.range(size, axis, AxisType.REDUCE)        # (size may be the grid's n)
+
+
+def _fold(op, size, axis: int, body, unrolled: bool = False):
+    """body over a range, reduced by op (body may give several values: each reduced over the one range); a range
+    that can only be one long is its one value (tinygrad takes no such range)."""
+    from tinygrad import UOp
+    from tinygrad.uop.ops import AxisType
+    if (size if isinstance(size, int) else size.vmax) == 1:
+        return body(0)
+    rng = UOp.range(size, axis, AxisType.UNROLL if unrolled else AxisType.REDUCE)
+    out = body(rng)
+    return tuple(v.reduce(rng, arg=op) for v in out) if isinstance(out, tuple) else out.reduce(rng, arg=op)
+
+
+def _local(slot: int, size: int, t, value):
+    """value written to slot `slot` of the group's local memory at thread t, read after every thread has."""
+    from tinygrad import UOp, dtypes
     from tinygrad.dtype import AddrSpace
+    buf = UOp.placeholder((size,), dtypes.float, slot, AddrSpace.LOCAL)[t].set(value)
+    return buf.after(buf.barrier())
+
+
+def _chunk_softmax(f: Decode, Q, KV, M, dk, over):
+    """The narrow and wide partials' first half: thread (i, j) scores query head i against position j (its key
+    row's dimensions dk, reduced over `over`) into local memory, reads back its head's maximum over the chunk,
+    and writes its exponential to local memory in turn. (key head, chunk, thread, i, j, exponentials, the
+    maximum's store: every thread of a query head holds the same maximum, right whether or not tinygrad keeps
+    the store's gate.)"""
+    from tinygrad import dtypes
+    from tinygrad.uop.ops import Ops
+    g, c, t = f.grid(f.T)
+    i, j = t // f.chunk, t % f.chunk
+    dot = (Q[(g * f.G + i) * f.Hd + dk].cast(dtypes.float) *
+           KV[f.at(g, c, 0, j, dk).valid(f.live(c, j))].cast(dtypes.float)).reduce(*over, arg=Ops.ADD)
+    s = f.live(c, j).where(dot * f.scale, float("-inf"))
+    S = _local(0, f.T, t, s)
+    jm = f.over_thread(f.chunk, 1)
+    m = S[i * f.chunk + jm].reduce(jm, arg=Ops.MAX)
+    E = _local(1, f.T, t, f.live(c, j).where((s - m).exp(), 0.0))
+    return g, c, t, i, j, E, M[((g * f.G + i) * f.C + c).valid(j.eq(0))].store(m)
+
+
+def narrow_partials(f: Decode, O, M, Q, KV):
+    """A thread a query head and position, a key row a load at a time; then the group's G x W outputs (each
+    query head's weighted values, their sum beside), T at a time."""
+    from tinygrad import UOp, dtypes
+    from tinygrad.uop.ops import KernelInfo, Ops
+    O, M, Q, KV = (b.flatten() for b in (O, M, Q, KV))
+    dk = _reduce(f.Hd, 0)
+    g, c, t, _, _, E, store_m = _chunk_softmax(f, Q, KV, M, dk, (dk,))
+    jv = f.over_thread(f.chunk, 3)
+    G, W, T, C = f.G, f.W, f.T, f.C
+    r = UOp.range(-(-G * W // T), 2)
+    u = t + r * T
+    inside = u < G * W
+    gi, d = u // W, u % W                            # query head, dimension (the last: the sum)
+    value = (d < f.Hd).where(KV[f.at(g, c, 1, jv, d).valid(f.live(c, jv) & (d < f.Hd) & inside)].cast(dtypes.float), 1.0)
+    o = (E[(gi * f.chunk + jv).valid(inside)] * value).reduce(jv, arg=Ops.ADD)
+    # A thread past the group's outputs writes to a spill slot of its own, not through a gated index
+    # (tinygrad 0.13.0 dropped that gate where the outputs take one round: threads wrote other groups' rows).
+    store_o = O[inside.where(((g * G + gi) * C + c) * W + d, f.H * C * W + t)].store(o).end(r)
+    return UOp.sink(store_o, store_m, arg=KernelInfo(name=f"attention_partials_{G}x{f.chunk}", opts_to_apply=()))
+
+
+def wide_partials(f: Decode, O, M, Z, Q, KV):
+    """A thread a query head and position, its key row WIDE_KEYS halves a load; then thread (i, j) takes
+    Hd/chunk consecutive dimensions of query head i's weighted values (loads and stores as wide, no thread idle,
+    no output gated), and each chunk's sum goes to Z."""
+    from tinygrad import UOp, dtypes
     from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
+    e, ek = f.over_thread(f.Hd // WIDE_KEYS, 0), UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)   # as the compiler unrolls it
+    g, c, _, i, j, E, store_m = _chunk_softmax(f, Q, KV, M, e * WIDE_KEYS + ek, (e, ek))
+    jv = f.over_thread(f.chunk, 3)
+    per = max(1, f.Hd // f.chunk)                    # the value dimensions a thread takes
+    w = UOp.range(per, 11, AxisType.UPCAST)
+    d = j * per + w                                  # (a chunk wider than a head: j < Hd)
+    value = KV[f.at(g, c, 1, jv, d).valid(f.live(c, jv) & (d < f.Hd))].cast(dtypes.float)
+    o = (E[i * f.chunk + jv] * value).reduce(jv, arg=Ops.ADD)
+    out = (g * f.G + i) * f.C + c
+    store_o = O[out * f.W + d].store(o).end(w)       # (d >= Hd: a column no one reads)
+    jz = f.over_thread(f.chunk, 4)
+    store_z = Z[out.valid(j.eq(0))].store(E[i * f.chunk + jz].reduce(jz, arg=Ops.ADD))
+    return UOp.sink(store_o, store_m, store_z,
+                    arg=KernelInfo(name=f"attention_partials_{f.G}x{f.chunk}_wide{'_unrolled' if f.unrolled else ''}",
+                                   opts_to_apply=()))
+
+
+def lanes_partials(f: Decode, O, M, Z, Q, KV):
+    """A thread for each query head and dimension: first S = Hd/chunk threads a key row (each a run of eight
+    dimensions in every S*8, so a load instruction of S neighbours reads one stretch of the row) and each
+    position's sum of their parts through local memory; then a query head's thread for each dimension of
+    its weighted values, their sum beside."""
+    from tinygrad import UOp, dtypes
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
+    Hd, chunk, G = f.Hd, f.chunk, f.G
+    S = Hd // chunk
+    g, c, t = f.grid(G * Hd)
+    i, j, s = t // Hd, (t // S) % chunk, t % S         # query head, position, lane of its key row
+    ek = UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
+
+    def run(e):                                       # the lane's e-th run of WIDE_KEYS dimensions
+        dk = (e * S + s) * WIDE_KEYS + ek
+        key = KV[f.at(g, c, 0, j, dk)].cast(dtypes.float)
+        return (Q[(g * G + i) * Hd + dk].cast(dtypes.float) * key).reduce(ek, arg=Ops.ADD)
+    D = _local(0, G * Hd, t, _fold(Ops.ADD, chunk // WIDE_KEYS, 0, run, unrolled=True))
+    total = _fold(Ops.ADD, S, 1, lambda r: D[(t // S) * S + r], unrolled=True)
+    score = f.live(c, j).where(total * f.scale, float("-inf"))
+    Sc = _local(1, G * Hd, t, score)
+    row = lambda jj: (i * chunk + jj) * S             # where a query head's position sits in local memory
+    jm = _reduce(chunk, 2)
+    m = Sc[row(jm)].reduce(jm, arg=Ops.MAX)           # the query head's maximum over the chunk
+    E = _local(2, G * Hd, t, f.live(c, j).where((score - m).exp(), 0.0))
+    d, jv = t % Hd, _reduce(chunk, 3)                 # (one range: the values' sum and the exponentials' in one loop)
+    o = (E[row(jv)] * KV[f.at(g, c, 1, jv, d).valid(f.live(c, jv))].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)
+    out = (g * G + i) * f.C + c
+    # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
+    return UOp.sink(O[out * Hd + d].store(o), M[out.valid(d.eq(0))].store(m),
+                    Z[out.valid(d.eq(0))].store(E[row(jv)].reduce(jv, arg=Ops.ADD)),
+                    arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_lanes{S}", opts_to_apply=()))
+
+
+def combine(f: Decode, Y, O, M, Z=None):
+    """A group a query head, a thread a dimension: each chunk's weighted values rescaled to one softmax and summed
+    over the chunks, over the chunks' sums rescaled alike. Narrow (no Z): each chunk's sum the last column of its
+    output row, in a loop of its own; wide: the sums apart (Z), summed in the values' loop."""
+    from tinygrad import UOp
+    from tinygrad.uop.ops import KernelInfo, Ops
+    wide = Z is not None
+    Y, O, M = (b.flatten() for b in (Y, O, M))
+    C, W = f.C, f.W
+    h, d = UOp.special(f.H, "gidx0"), UOp.special(f.Hd, "lidx0")
+    c0 = _reduce(f.n, 0)
+    top = M[h * C + c0].reduce(c0, arg=Ops.MAX)
+    share = lambda c: (M[h * C + c] - top).exp()    # a chunk's share of one softmax
+    c1 = _reduce(f.n, 1)
+    c2 = c1 if wide else _reduce(f.n, 2)
+    sums = Z.flatten()[h * C + c2] if wide else O[(h * C + c2) * W + f.Hd]
+    out = (O[(h * C + c1) * W + d] * share(c1)).reduce(c1, arg=Ops.ADD) / (sums * share(c2)).reduce(c2, arg=Ops.ADD)
+    return Y[h * f.Hd + d].store(out).sink(arg=KernelInfo(name=f"attention_combine_{C}{'_wide' if wide else ''}",
+                                                          opts_to_apply=()))
+
+
+def lanes_combine(f: Decode, Y, O, M, Z):
+    """A group a query head, COMBINE_LANES threads a dimension, each summing every COMBINE_LANES-th chunk
+    (the chunks' maxima first read a thread a chunk, their maximum through local memory), their sums added
+    through local memory (all of a dimension's threads write the same value), written in the query's type."""
+    from tinygrad import UOp
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
+    R, Hd, C, n = COMBINE_LANES, f.Hd, f.C, f.n
+    h, t = UOp.special(f.H, "gidx0"), UOp.special(R * Hd, "lidx0")
+    d, r = t % Hd, t // Hd
+
+    def chunk_max(k):                               # a thread's chunks for the maximum: t, t + R*Hd, ...
+        cm = t + k * (R * Hd)
+        return (cm < n).where(M[(h * C + cm).valid(cm < n)], float("-inf"))
+    A = _local(0, R * Hd, t, _fold(Ops.MAX, -(-C // (R * Hd)), 0, chunk_max))
+    u = _reduce(n, 1)                               # (slots past R*Hd hold nothing more)
+    top = (u < R * Hd).where(A[u.valid(u < R * Hd)], float("-inf")).reduce(u, arg=Ops.MAX)
+
+    def sums(k):                                    # a thread's chunks for the sums: r, r + R, ...
+        c = r + k * R
+        w = (c < n).where((M[(h * C + c).valid(c < n)] - top).exp(), 0.0)      # a chunk's share of one softmax
+        return O[((h * C + c) * Hd + d).valid(c < n)] * w, Z[(h * C + c).valid(c < n)] * w
+    acc, z = _fold(Ops.ADD, (n + R - 1) // R, 2, sums)
+    B, Bz = _local(1, R * Hd, t, acc), _local(2, R * Hd, t, z)
+    rr = UOp.range(R, 3, AxisType.UNROLL)
+    out = B[rr * Hd + d].reduce(rr, arg=Ops.ADD) / Bz[rr * Hd + d].reduce(rr, arg=Ops.ADD)
+    return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=f"attention_combine_{C}_lanes{R}",
+                                                                             opts_to_apply=()))
+
+
+@dataclass(frozen=True)
+class Form:
+    """One form of the generated kernels: its partials and combine, the values a chunk writes a query head (of
+    the head size and the chunk), whether each chunk's sum lies in a buffer of its own (else beside its values,
+    the partials' output then holding a spill slot a thread), and whether the combine writes the query's type."""
+    partials: Callable
+    combine: Callable
+    row: Callable[[int, int], int]
+    sums_apart: bool
+    query_type: bool = False
+
+
+FORMS = {
+    "narrow": Form(narrow_partials, combine, lambda head_dim, chunk: head_dim + 1, sums_apart=False),
+    "wide": Form(wide_partials, combine, max, sums_apart=True),
+    "lanes": Form(lanes_partials, lanes_combine, max, sums_apart=True, query_type=True),
+}
+
+
+def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False, lanes: bool = False):
+    """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's UOp
+    level in one of FORMS, picked here as ggml-cuda picks among its attention kernels: partials (a group for
+    each key head and chunk holding a position so far; scores and exponentials through local memory; each query
+    head's maximum, weighted values and their sum written out) and a combine over the chunks. k is the decode
+    step's key view of the cache (1, KvH, L, Hd), L = position + 1. `wide`: wide_partials and the wide combine;
+    `unrolled` (with wide): the partials' reductions over a key row and a chunk's positions written out in full;
+    `lanes`: lanes_partials (at chunks of 32, four times the wide form's threads, each with a quarter of its
+    steps) and lanes_combine; neither: narrow_partials and the narrow combine."""
+    from tinygrad import Tensor, dtypes
     B, H, _, Hd = q.shape
-    KvH = k.shape[1]
-    G = H // KvH
     if why := unfit(chunk, Hd, wide, lanes):
         raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
-    wide = wide or lanes                              # lanes writes the wide form's outputs (each chunk's sums apart)
-    per = max(1, Hd // chunk)                         # wide: the value dimensions a thread takes
+    form = FORMS["lanes" if lanes else "wide" if wide else "narrow"]
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
-    P = cache.shape[3]
-    C, T = -(-P // chunk), G * chunk                  # chunks, threads a group
-    W = max(Hd, chunk) if wide else Hd + 1            # an output row (narrow: its sum beside; wide: a column a thread)
-    L = k.shape[2].unbind_all()[0]                    # position + 1, the graph's variable unbound
-    n = (L + chunk - 1) // chunk                      # the chunks holding a position so far: the grid
-    scale = 1.0 / math.sqrt(Hd)
-    reduce = lambda size, axis: UOp.range(size, axis, AxisType.REDUCE)    # (size may be the grid's n)
-
-    def fold(op, size, axis, body, kind=AxisType.REDUCE):
-        """body over a range, reduced by op (body may give several values: each reduced over the one range); a
-        range that can only be one long is its one value (tinygrad takes no such range)."""
-        if (size if isinstance(size, int) else size.vmax) == 1:
-            return body(0)
-        rng = UOp.range(size, axis, kind)
-        out = body(rng)
-        return tuple(v.reduce(rng, arg=op) for v in out) if isinstance(out, tuple) else out.reduce(rng, arg=op)
-    # unrolled: the partials' reductions over a key row and over a chunk's positions written out in full, so a
-    # thread issues all their loads at once (a loop waits on each load before the next: latency, not bytes)
-    over_thread = (lambda size, axis: UOp.range(size, axis, AxisType.UNROLL)) if unrolled else reduce
-
-    def lanes_partials(O, M, Z, Q, KV):
-        """A thread for each query head and dimension: first S = Hd/chunk threads a key row (each a run of eight
-        dimensions in every S*8, so a load instruction of S neighbours reads one stretch of the row) and each
-        position's sum of their parts through local memory; then a query head's thread for each dimension of
-        its weighted values, their sum beside."""
-        O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
-        S = Hd // chunk
-        g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(G * Hd, "lidx0")
-        i, j, s = t // Hd, (t // S) % chunk, t % S         # query head, position, lane of its key row
-        live = lambda j: c * chunk + j < L
-        at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
-        ek = UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
-
-        def run(e):                                       # the lane's e-th run of WIDE_KEYS dimensions
-            dk = (e * S + s) * WIDE_KEYS + ek
-            return (Q[(g * G + i) * Hd + dk].cast(dtypes.float) * KV[at(0, j, dk)].cast(dtypes.float)).reduce(ek, arg=Ops.ADD)
-        part = fold(Ops.ADD, chunk // WIDE_KEYS, 0, run, AxisType.UNROLL)
-        D = UOp.placeholder((G * Hd,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(part)
-        D = D.after(D.barrier())
-        score = live(j).where(fold(Ops.ADD, S, 1, lambda r: D[(t // S) * S + r], AxisType.UNROLL) * scale, float("-inf"))
-        Sc = UOp.placeholder((G * Hd,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(score)
-        Sc = Sc.after(Sc.barrier())
-        row = lambda jj: (i * chunk + jj) * S             # where a query head's position sits in local memory
-        jm = reduce(chunk, 2)
-        m = Sc[row(jm)].reduce(jm, arg=Ops.MAX)           # the query head's maximum over the chunk
-        E = UOp.placeholder((G * Hd,), dtypes.float, 2, AddrSpace.LOCAL)[t].set(live(j).where((score - m).exp(), 0.0))
-        E = E.after(E.barrier())
-        d, jv = t % Hd, reduce(chunk, 3)                  # (one range: the values' sum and the exponentials' in one loop)
-        o = (E[row(jv)] * KV[at(1, jv, d).valid(live(jv))].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)
-        out = (g * G + i) * C + c
-        # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
-        return UOp.sink(O[out * Hd + d].store(o), M[out.valid(d.eq(0))].store(m),
-                        Z[out.valid(d.eq(0))].store(E[row(jv)].reduce(jv, arg=Ops.ADD)),
-                        arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_lanes{S}", opts_to_apply=()))
-
-    def partials(*bufs):
-        flat = [b.flatten() for b in bufs]
-        O, M, Z, Q, KV = flat if wide else (*flat[:2], None, *flat[2:])     # wide: each chunk's sums apart (Z)
-        g, c, t = UOp.special(KvH, "gidx0"), UOp.special(n, "gidx1"), UOp.special(T, "lidx0")
-        i, j = t // chunk, t % chunk                  # the thread's query head (of the key head's) and position
-        live = lambda j: c * chunk + j < L
-        at = lambda half, j, d: ((half * KvH + g) * P + c * chunk + j) * Hd + d
-        if wide:                                      # a vector of WIDE_KEYS, as the compiler unrolls it
-            e, ek = over_thread(Hd // WIDE_KEYS, 0), UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)
-            dk, over = e * WIDE_KEYS + ek, (e, ek)
-        else:
-            dk = reduce(Hd, 0)
-            over = (dk,)
-        dot = (Q[(g * G + i) * Hd + dk].cast(dtypes.float) *
-               KV[at(0, j, dk).valid(live(j))].cast(dtypes.float)).reduce(*over, arg=Ops.ADD)
-        s = live(j).where(dot * scale, float("-inf"))
-        S = UOp.placeholder((T,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(s)
-        S = S.after(S.barrier())
-        jm = over_thread(chunk, 1)
-        m = S[i * chunk + jm].reduce(jm, arg=Ops.MAX)   # the query head's maximum over the chunk
-        E = UOp.placeholder((T,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(live(j).where((s - m).exp(), 0.0))
-        E = E.after(E.barrier())
-        # (every thread of a query head holds the same maximum, and the same sum below: right whether or not
-        # tinygrad keeps these stores' gate)
-        store_m = M[((g * G + i) * C + c).valid(j.eq(0))].store(m)
-        jv = over_thread(chunk, 3)
-        if wide:        # thread (i, j): query head i's dimensions j*per..j*per+per-1 (a chunk wider than a head: j < Hd)
-            w = UOp.range(per, 11, AxisType.UPCAST)
-            d = j * per + w
-            value = KV[at(1, jv, d).valid(live(jv) & (d < Hd))].cast(dtypes.float)
-            o = (E[i * chunk + jv] * value).reduce(jv, arg=Ops.ADD)
-            store_o = O[((g * G + i) * C + c) * W + d].store(o).end(w)     # (d >= Hd: a column no one reads)
-            jz = over_thread(chunk, 4)
-            store_z = Z[((g * G + i) * C + c).valid(j.eq(0))].store(E[i * chunk + jz].reduce(jz, arg=Ops.ADD))
-            return UOp.sink(store_o, store_m, store_z,
-                            arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_wide{'_unrolled' if unrolled else ''}",
-                                           opts_to_apply=()))
-        r = UOp.range(-(-G * W // T), 2)                 # the group's G x W outputs, T at a time
-        u = t + r * T
-        inside = u < G * W
-        gi, d = u // W, u % W                            # query head, dimension (the last: the sum)
-        value = (d < Hd).where(KV[at(1, jv, d).valid(live(jv) & (d < Hd) & inside)].cast(dtypes.float), 1.0)
-        o = (E[(gi * chunk + jv).valid(inside)] * value).reduce(jv, arg=Ops.ADD)
-        # A thread past the group's outputs writes to a spill slot of its own, not through a gated index
-        # (tinygrad 0.13.0 dropped that gate where the outputs take one round: threads wrote other groups' rows).
-        store_o = O[inside.where(((g * G + gi) * C + c) * W + d, H * C * W + t)].store(o).end(r)
-        return UOp.sink(store_o, store_m, arg=KernelInfo(name=f"attention_partials_{G}x{chunk}", opts_to_apply=()))
-
-    def combine(*bufs):
-        Y, O, M, Z = [b.flatten() for b in bufs] + ([] if wide else [None])
-        h, d = UOp.special(H, "gidx0"), UOp.special(Hd, "lidx0")
-        c0 = reduce(n, 0)
-        top = M[h * C + c0].reduce(c0, arg=Ops.MAX)
-        share = lambda c: (M[h * C + c] - top).exp()    # a chunk's share of one softmax
-        c1 = reduce(n, 1)
-        c2 = c1 if wide else reduce(n, 2)               # wide: one range, values and denominators in one loop
-        sums = Z[h * C + c2] if wide else O[(h * C + c2) * W + Hd]
-        out = (O[(h * C + c1) * W + d] * share(c1)).reduce(c1, arg=Ops.ADD) / (sums * share(c2)).reduce(c2, arg=Ops.ADD)
-        return Y[h * Hd + d].store(out).sink(arg=KernelInfo(name=f"attention_combine_{C}{'_wide' if wide else ''}",
-                                                            opts_to_apply=()))
-
-    def lanes_combine(Y, O, M, Z):
-        """A group a query head, COMBINE_LANES threads a dimension, each summing every COMBINE_LANES-th chunk
-        (the chunks' maxima first read a thread a chunk, their maximum through local memory), their sums added
-        through local memory (all of a dimension's threads write the same value), written in the query's type."""
-        Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
-        R = COMBINE_LANES
-        h, t = UOp.special(H, "gidx0"), UOp.special(R * Hd, "lidx0")
-        d, r = t % Hd, t // Hd
-        def chunk_max(k):                               # a thread's chunks for the maximum: t, t + R*Hd, ...
-            cm = t + k * (R * Hd)
-            return (cm < n).where(M[(h * C + cm).valid(cm < n)], float("-inf"))
-        mine = fold(Ops.MAX, -(-C // (R * Hd)), 0, chunk_max)
-        A = UOp.placeholder((R * Hd,), dtypes.float, 0, AddrSpace.LOCAL)[t].set(mine)
-        A = A.after(A.barrier())
-        u = reduce(n, 1)                                 # (slots past R*Hd hold nothing more)
-        top = (u < R * Hd).where(A[u.valid(u < R * Hd)], float("-inf")).reduce(u, arg=Ops.MAX)
-        def sums(k):                                     # a thread's chunks for the sums: r, r + R, ...
-            c = r + k * R
-            w = (c < n).where((M[(h * C + c).valid(c < n)] - top).exp(), 0.0)      # a chunk's share of one softmax
-            return O[((h * C + c) * Hd + d).valid(c < n)] * w, Z[(h * C + c).valid(c < n)] * w
-        acc, z = fold(Ops.ADD, (n + R - 1) // R, 2, sums)
-        B = UOp.placeholder((R * Hd,), dtypes.float, 1, AddrSpace.LOCAL)[t].set(acc)
-        B = B.after(B.barrier())
-        Bz = UOp.placeholder((R * Hd,), dtypes.float, 2, AddrSpace.LOCAL)[t].set(z)
-        Bz = Bz.after(Bz.barrier())
-        rr = UOp.range(R, 3, AxisType.UNROLL)
-        out = B[rr * Hd + d].reduce(rr, arg=Ops.ADD) / Bz[rr * Hd + d].reduce(rr, arg=Ops.ADD)
-        return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=f"attention_combine_{C}_lanes{R}",
-                                                                                 opts_to_apply=()))
-
-    O = Tensor.empty(H * C * W + (0 if wide else T), dtype=dtypes.float32, device=q.device)    # narrow: + spill
-    M = Tensor.empty(H, C, dtype=dtypes.float32, device=q.device)
-    sums = (Tensor.empty(H, C, dtype=dtypes.float32, device=q.device),) if wide else ()
+    f = Decode(H, k.shape[1], Hd, cache.shape[3], chunk, form.row(Hd, chunk), k.shape[2].unbind_all()[0], unrolled)
+    buffer = lambda *shape, dtype=dtypes.float32: Tensor.empty(*shape, dtype=dtype, device=q.device)
+    sums = (buffer(H, f.C),) if form.sums_apart else ()
+    partials = (buffer(H * f.C * f.W + (0 if form.sums_apart else f.T)), buffer(H, f.C), *sums)   # narrow: + spill
     query = in_place(q)          # (the rotary kernel's output, read where it lies: its elements are in this order)
-    written = Tensor.custom_kernel(O, M, *sums, q.reshape(H, Hd) if query is None else query, cache,
-                                   fxn=lanes_partials if lanes else partials)[:2 + len(sums)]
-    # lanes: the combine writes the query's type itself (no kernel of its own to convert the output)
-    Y = Tensor.custom_kernel(Tensor.empty(H, Hd, dtype=q.dtype if lanes else dtypes.float32, device=q.device), *written,
-                             fxn=lanes_combine if lanes else combine)[0]
+    written = Tensor.custom_kernel(*partials, q.reshape(H, Hd) if query is None else query, cache,
+                                   fxn=functools.partial(form.partials, f))[:len(partials)]
+    Y = Tensor.custom_kernel(buffer(H, Hd, dtype=q.dtype if form.query_type else dtypes.float32), *written,
+                             fxn=functools.partial(form.combine, f))[0]
     return Y.reshape(B, H, 1, Hd).cast(q.dtype)
+
+
+def decode_attention(split: Split, q, k, v, total: int):
+    """The selector: a decode step's attention (one query position, query heads a multiple of the key heads; the
+    generated kernels, one sequence) by chunks as `split` says, as tensor code (split_sdpa) or generated kernels
+    (decode_kernels, which picks their form); None where the facts leave it to tinygrad's own."""
+    if not (q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 and (q.shape[0] == 1 or not split.kernel)):
+        return None
+    if split.kernel:
+        return decode_kernels(q, k, split.chunk, split.wide, split.unrolled, split.lanes)
+    return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
 
 
 @dataclass(frozen=True)
@@ -417,12 +512,9 @@ def _split_decode_attention(split: Split, total: int, taken):
     original = Tensor.scaled_dot_product_attention
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
-        if attn_mask is None and not is_causal and q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 \
-                and (q.shape[0] == 1 or not split.kernel):
+        if attn_mask is None and not is_causal and (out := decode_attention(split, q, k, v, total)) is not None:
             taken()
-            if split.kernel:
-                return decode_kernels(q, k, split.chunk, split.wide, split.unrolled, split.lanes)
-            return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
+            return out
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
 
     Tensor.scaled_dot_product_attention = sdpa

@@ -22,6 +22,7 @@ reductions nested in it, its opts left to tinygrad's heuristics or BEAM like any
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +40,12 @@ STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
 FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
 WORD_BITS = 32                          # the word kernel's load: one 32-bit word of packed values
 MANTISSA_BITS, FLOAT_BIAS = 23, 127      # a float32's stored mantissa bits and its exponent's bias
+
+
+def _reduce(size: int, axis: int):
+    from tinygrad import UOp
+    from tinygrad.uop.ops import AxisType
+    return UOp.range(size, axis, AxisType.REDUCE)
 
 
 def upper_shift(width: int, bits: int) -> int:
@@ -221,94 +228,8 @@ class Planes:
         the norm in: the input times w in both sums, and beside them each group's sum of the input's
         squares, reduced over the groups with the product, so the row's result is multiplied once by
         1 / sqrt(mean of squares + eps). The norm's own kernels are then not needed."""
-        from tinygrad import Tensor, UOp, dtypes
-        from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-        n, groups, high_width = x.shape[0], self.cols // self.group, self.bits - 4
-        reduce = lambda i: UOp.range(*i, AxisType.REDUCE)
-
-        def byte_value(low, high, r, g):
-            """The unsigned values of a group, one byte read per value: (value, column, the reduction's ranges)."""
-            i = reduce((self.group, 3))
-            c = g * self.group + i
-            if self.bits == 8:
-                return low[r, c].cast(dtypes.float), c, (i,)
-            v = (low[r, c // 2].cast(dtypes.int) >> ((c % 2) * 4)) & 15
-            if high is not None:
-                per = 8 // high_width
-                v = v | (((high[r, c // per].cast(dtypes.int) >> ((c % per) * high_width)) & ((1 << high_width) - 1)) << 4)
-            return v.cast(dtypes.float), c, (i,)
-
-        def word_value(low, high, r, g):
-            """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction),
-            each converted to a float by the compiler's conversion, or, where the geometry asks (`exponent`),
-            placed under a float's fixed exponent (exponent_unpack)."""
-            per = self.values_per_word
-            w, j = reduce((self.group // per, 3)), reduce((per, 4))
-            word = low[r, g * (self.group // per) + w].bitcast(dtypes.uint)
-            high_word = bit = None
-            if high is not None:     # a group's high bits fill whole words (group x high width is a multiple of 32)
-                bit = (w * per + j) * high_width
-                high_word = high[r, g * (self.group * high_width // WORD_BITS) + bit // WORD_BITS].bitcast(dtypes.uint)
-            if exponent:
-                return exponent_unpack(word, j, high_word, bit), g * self.group + w * per + j, (j, w)
-            v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
-            if high is not None:
-                v = v | (((high_word >> (bit % WORD_BITS).cast(dtypes.uint)) & ((1 << high_width) - 1)) << 4)
-            return v.cast(dtypes.float), g * self.group + w * per + j, (j, w)
-
-        def exponent_unpack(word, j, high_word, bit):
-            """Value j of the word as a float with no conversion: its bits, masked where they lie (or shifted
-            once, for the word's upper values), become the low mantissa bits of a float whose exponent field
-            makes one mantissa step worth 1 (2**23 / 2**p for a value at bit p), and that power of two is taken
-            away: exact, since every operand and the result are whole numbers a float holds."""
-            width = WORD_BITS // self.values_per_word
-            pos = j * width
-            fits = (pos + self.bits) <= MANTISSA_BITS      # the value's bits lie below the exponent field
-            p = fits.where(pos, pos - upper_shift(width, self.bits))
-            unsigned = lambda u: u.cast(dtypes.uint)
-            low_bits = (word >> unsigned(fits.where(0, upper_shift(width, self.bits)))) & unsigned(((1 << width) - 1) << p)
-            if high_word is not None:
-                mask = (1 << high_width) - 1
-                low_bits = low_bits | (((high_word >> unsigned(bit % WORD_BITS)) & mask) << unsigned(p + 4))
-            power = unsigned((FLOAT_BIAS + MANTISSA_BITS - p) << MANTISSA_BITS)     # the float 2**(23 - p)
-            return (low_bits | power).bitcast(dtypes.float) - power.bitcast(dtypes.float)
-
-        def kernel(y, x, low, *rest):
-            x = x.flatten()             # (n x cols, or the generated kernel's output that holds them in order)
-            high = rest[0] if self.high is not None else None
-            scale = rest[1 if self.high is not None else 0]
-            offset = rest[2 if self.high is not None else 1] if self.offset is not None else None
-            weight = rest[-2 if once else -1] if norm is not None else None
-            sums = rest[-1] if once else None
-            b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
-            g = reduce((groups, 2))
-            xin = (lambda c: x[b * self.cols + c] * weight[c].cast(dtypes.float)) if norm is not None else (
-                lambda c: x[b * self.cols + c])
-            value = word_value if self.words else byte_value
-            v, c, inner_ranges = value(low, high, r, g)
-            inner = (v * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
-            s = scale[r, g].cast(dtypes.float)
-            term = inner * s
-            if offset is not None or self.zero:
-                # the input's sum over the group: read where it was computed once (sums), else summed here;
-                # word planes give it a range of its own (one, the group's elements), since tinygrad's opts
-                # split a range in one reduction only and the geometry's opts must reach both
-                i = reduce((self.group, 5)) if self.words and sums is None else None
-                xsum = (sums[b, g] if sums is not None else xin(g * self.group + i).reduce(i, arg=Ops.ADD)
-                        if self.words else xin(c).reduce(*inner_ranges, arg=Ops.ADD))
-                term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
-            out = term.reduce(g, arg=Ops.ADD)
-            if norm is not None:
-                k = reduce((self.group, 6))
-                at = b * self.cols + g * self.group + k
-                squares = (x[at] * x[at]).reduce(k, arg=Ops.ADD).reduce(g, arg=Ops.ADD)
-                out = out * (squares * (1.0 / self.cols) + norm.eps).sqrt().reciprocal()
-            opts = None
-            if self.words and self.geometry is not None:
-                opts = self.geometry.opts(self, n, self.thread_groups, squares=norm is not None)
-            name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
-            return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
-
+        from tinygrad import Tensor, dtypes
+        n = x.shape[0]
         exponent = self.words and self.geometry is not None and self.geometry.unpacks_by_exponent(self, n)
         # the input's group sums computed once, by tensor code (a kernel of its own), where the geometry asks
         once = (self.words and self.geometry is not None and self.geometry.sums_once(self, n)
@@ -316,12 +237,104 @@ class Planes:
         group_sums = []
         if once:
             xw = x.float() * norm.weight.float() if norm is not None else x.float()
-            group_sums = [xw.reshape(n, groups, self.group).sum(-1)]
+            group_sums = [xw.reshape(n, self.cols // self.group, self.group).sum(-1)]
         y = Tensor.empty(n, self.rows, dtype=dtypes.float32, device=self.low.device)
         source = in_place(x, dtypes.float32) if self.reads_in_place else None
         ins = [x.float() if source is None else source, self.low, *([self.high] if self.high is not None else []), self.scale,
                *([self.offset] if self.offset is not None else []), *([norm.weight] if norm is not None else []), *group_sums]
-        return Tensor.custom_kernel(y, *ins, fxn=kernel)[0]
+        return Tensor.custom_kernel(y, *ins, fxn=functools.partial(self._product, n, norm, once, exponent))[0]
+
+    def _product(self, n: int, norm, once: bool, exponent: bool, y, x, low, *rest):
+        """kernel_product's kernel: y (n, rows) from the input x (n x cols, or the generated kernel's output that
+        holds them in order), the planes (low, then high, scale, offset where the planes hold them), the norm's
+        weight (with `norm`) and the input's group sums (`once`); `exponent`: word values unpacked under a
+        float's exponent (_exponent_unpack)."""
+        from tinygrad import UOp, dtypes
+        from tinygrad.uop.ops import KernelInfo, Ops
+        x = x.flatten()
+        high = rest[0] if self.high is not None else None
+        scale = rest[1 if self.high is not None else 0]
+        offset = rest[2 if self.high is not None else 1] if self.offset is not None else None
+        weight = rest[-2 if once else -1] if norm is not None else None
+        sums = rest[-1] if once else None
+        b, r = UOp.range(n, 0), UOp.range(self.rows, 1)
+        g = _reduce(self.cols // self.group, 2)
+        xin = (lambda c: x[b * self.cols + c] * weight[c].cast(dtypes.float)) if norm is not None else (
+            lambda c: x[b * self.cols + c])
+        v, c, inner_ranges = self._word_value(low, high, r, g, exponent) if self.words else self._byte_value(low, high, r, g)
+        inner = (v * xin(c)).reduce(*inner_ranges, arg=Ops.ADD)
+        s = scale[r, g].cast(dtypes.float)
+        term = inner * s
+        if offset is not None or self.zero:
+            # the input's sum over the group: read where it was computed once (sums), else summed here;
+            # word planes give it a range of its own (one, the group's elements), since tinygrad's opts
+            # split a range in one reduction only and the geometry's opts must reach both
+            i = _reduce(self.group, 5) if self.words and sums is None else None
+            xsum = (sums[b, g] if sums is not None else xin(g * self.group + i).reduce(i, arg=Ops.ADD)
+                    if self.words else xin(c).reduce(*inner_ranges, arg=Ops.ADD))
+            term = term + xsum * (offset[r, g].cast(dtypes.float) if offset is not None else -self.zero * s)
+        out = term.reduce(g, arg=Ops.ADD)
+        if norm is not None:
+            k = _reduce(self.group, 6)
+            at = b * self.cols + g * self.group + k
+            squares = (x[at] * x[at]).reduce(k, arg=Ops.ADD).reduce(g, arg=Ops.ADD)
+            out = out * (squares * (1.0 / self.cols) + norm.eps).sqrt().reciprocal()
+        opts = None
+        if self.words and self.geometry is not None:
+            opts = self.geometry.opts(self, n, self.thread_groups, squares=norm is not None)
+        name = f"gemv_{'words' if self.words else 'planes'}_{self.bits}" + ("_normed" if norm is not None else "")
+        return y[b, r].store(out).end(b, r).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
+
+    def _byte_value(self, low, high, r, g):
+        """The unsigned values of a group, one byte read per value: (value, column, the reduction's ranges)."""
+        from tinygrad import dtypes
+        high_width = self.bits - 4
+        i = _reduce(self.group, 3)
+        c = g * self.group + i
+        if self.bits == 8:
+            return low[r, c].cast(dtypes.float), c, (i,)
+        v = (low[r, c // 2].cast(dtypes.int) >> ((c % 2) * 4)) & 15
+        if high is not None:
+            per = 8 // high_width
+            v = v | (((high[r, c // per].cast(dtypes.int) >> ((c % per) * high_width)) & ((1 << high_width) - 1)) << 4)
+        return v.cast(dtypes.float), c, (i,)
+
+    def _word_value(self, low, high, r, g, exponent: bool):
+        """The same values from 32-bit words: word w of the group, value j of the word (j the inner reduction),
+        each converted to a float by the compiler's conversion, or, where the geometry asks (`exponent`),
+        placed under a float's fixed exponent (_exponent_unpack)."""
+        from tinygrad import dtypes
+        per, high_width = self.values_per_word, self.bits - 4
+        w, j = _reduce(self.group // per, 3), _reduce(per, 4)
+        word = low[r, g * (self.group // per) + w].bitcast(dtypes.uint)
+        high_word = bit = None
+        if high is not None:     # a group's high bits fill whole words (group x high width is a multiple of 32)
+            bit = (w * per + j) * high_width
+            high_word = high[r, g * (self.group * high_width // WORD_BITS) + bit // WORD_BITS].bitcast(dtypes.uint)
+        if exponent:
+            return self._exponent_unpack(word, j, high_word, bit), g * self.group + w * per + j, (j, w)
+        v = (word >> (j * (WORD_BITS // per)).cast(dtypes.uint)) & ((1 << (WORD_BITS // per)) - 1)
+        if high is not None:
+            v = v | (((high_word >> (bit % WORD_BITS).cast(dtypes.uint)) & ((1 << high_width) - 1)) << 4)
+        return v.cast(dtypes.float), g * self.group + w * per + j, (j, w)
+
+    def _exponent_unpack(self, word, j, high_word, bit):
+        """Value j of the word as a float with no conversion: its bits, masked where they lie (or shifted
+        once, for the word's upper values), become the low mantissa bits of a float whose exponent field
+        makes one mantissa step worth 1 (2**23 / 2**p for a value at bit p), and that power of two is taken
+        away: exact, since every operand and the result are whole numbers a float holds."""
+        from tinygrad import dtypes
+        width = WORD_BITS // self.values_per_word
+        pos = j * width
+        fits = (pos + self.bits) <= MANTISSA_BITS      # the value's bits lie below the exponent field
+        p = fits.where(pos, pos - upper_shift(width, self.bits))
+        unsigned = lambda u: u.cast(dtypes.uint)
+        low_bits = (word >> unsigned(fits.where(0, upper_shift(width, self.bits)))) & unsigned(((1 << width) - 1) << p)
+        if high_word is not None:
+            mask = (1 << (self.bits - 4)) - 1
+            low_bits = low_bits | (((high_word >> unsigned(bit % WORD_BITS)) & mask) << unsigned(p + 4))
+        power = unsigned((FLOAT_BIAS + MANTISSA_BITS - p) << MANTISSA_BITS)     # the float 2**(23 - p)
+        return (low_bits | power).bitcast(dtypes.float) - power.bitcast(dtypes.float)
 
 
 def in_place(x, dtype=None):
