@@ -11,7 +11,7 @@ from boltbeam import __version__, files, units
 from boltbeam.errors import BadInput, Refused
 
 # Sub-command modules, in pipeline order; each has register(subparsers).
-MODULES = ["read", "bound", "measure", "account", "judge", "ledger", "search", "audit", "sweep", "generate"]
+MODULES = ["read", "bound", "measure", "account", "judge", "ledger", "search", "audit", "sweep", "tune", "generate"]
 # The arguments that name what a command writes; every other argument naming a file is one it reads. A
 # command whose --out is a folder sets `out_files` (args -> the names it writes there).
 OUTPUTS = ("out", "chrome", "host_profile")

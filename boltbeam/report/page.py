@@ -5,6 +5,7 @@ rendered by Jinja2 with autoescaping on: every name, path and reason is text, ne
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,20 @@ def render_sweep(sweeps: list) -> str:
     return _environment().get_template("sweep.html.j2").render(
         title=", ".join(name for name, _ in sweeps), charts=[chart], tables=tables, version=__version__,
         sources=[(name, sw) for name, sw in sweeps])
+
+
+def render_tune(tuned) -> str:
+    """A tune's page: tokens a second after each promoted step, then every setting judged and every family
+    skipped. `tuned`: search.tune's Tune."""
+    svg, rows = charts.journey(tuned)
+    cols = [("route", "step", None), ("tokens/s", "tok_s", _num)]
+    chart = Chart("journey", "The journey", "Each bar the median whole token of the route with every setting above "
+                  "it, judged against the route before it (each in a process of its own).",
+                  svg, [c[0] for c in cols], _table(rows, cols))
+    steps = [[Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")), Cell(s.verdict),
+              *(Cell(_num(1e6 / us if us else None, 1), True) for us in (s.before_us, s.after_us)),
+              Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))] for s in tuned.steps if s.verdict]
+    unjudged = Counter((s.family, s.skipped) for s in tuned.steps if s.skipped)
+    return _environment().get_template("tune.html.j2").render(
+        title=f"{Path(tuned.model).name} on {tuned.target}", tuned=tuned, charts=[chart], steps=steps,
+        unjudged=[(family, why, n) for (family, why), n in unjudged.items()], version=__version__)

@@ -25,6 +25,7 @@ refuted in the same scope is not run again until its reopen condition holds.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from statistics import median
 from dataclasses import asdict, dataclass, field
@@ -106,6 +107,8 @@ class Candidate:
     median_us: float | None = None
     skipped: str | None = None     # why it did not run: the ledger or the budget
     trace: str | None = None       # its whole-token profile
+    ledger_id: int | None = None   # the ledger entry of its verdict
+    recalled: bool = False         # its verdict read from the ledger (recall), not timed again
 
     @property
     def flag(self) -> str:
@@ -115,7 +118,7 @@ class Candidate:
 @dataclass
 class Choice:
     family: str
-    baseline_median_us: float
+    baseline_median_us: float | None     # None: no setting ran or was recalled, so the baseline was not needed
     candidates: list[Candidate]
     chosen: Candidate | None
     rejected: dict[str, int] = field(default_factory=dict)    # settings a rule in chip facts (BubbleBeam) or the model rejects, by rule
@@ -428,17 +431,34 @@ def per_product(census, route_on: Route, legal: list, target: Target, cal: Calib
                      ("timed alone",)), products
 
 
+def route_settings(on: Route | None) -> dict[str, Any] | None:
+    """What a route sets of each whole-token family (None: tinygrad's own), as the ledger's scope keeps it."""
+    return {f.route_key: getattr(on, f.route_key) for f in WHOLE_TOKEN.values()} | {"beam": on.beam} if on else None
+
+
+def recalled(ledger, candidate_id: str, key: dict[str, Any]):
+    """The newest verdict the ledger holds on this candidate in exactly this scope (the route it went on, the
+    depth, the tokens, the engine...), or None."""
+    from boltbeam.ledger.store import canonical
+    return next((e for e in reversed(ledger.entries(candidate=candidate_id))
+                 if all(canonical(e.scope.get(k)) == canonical(v) for k, v in key.items())), None)
+
+
 def choose(family: WholeToken, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
            sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
-           alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None) -> Choice:
+           alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
+           deadline: float | None = None, ran: Callable[[], None] = lambda: None) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
     against that route as it is (BEAM width `beam` on both
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
     promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
     at most `alone` a product and `seconds` of its own, an earlier search's fastest first where `earlier`,
-    from alone.earlier_times, holds them), and the geometry for each product is judged first."""
+    from alone.earlier_times, holds them), and the geometry for each product is judged first.
+    With `recall`, a setting the ledger judged in exactly this scope keeps that verdict and is not timed
+    again, and the baseline is profiled only when a setting runs. No setting starts after `deadline`
+    (time.monotonic()); `ran` is called after each profile."""
     path_on, route_on = on if on else ("none", None)
     cal = calibration(target.name)
     legal, rejected = legal_space(family, target)
@@ -459,20 +479,35 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say, earlier)
         candidates[:0] = [first] if first else []
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
-    if baseline is None:
-        say("the whole token without the family")
-        path = str(out / "baseline.json")
-        if failed := profile_elsewhere(model, device, path, *flags):
-            raise Refused(f"profiling the baseline failed: {failed}")
-        baseline = path, baseline_of(path, sha, device, context, beam, route_on)
-    baseline_path, base = baseline
+
+    def base() -> tuple[str, Any]:
+        nonlocal baseline
+        if baseline is None:
+            say("the whole token without the family")
+            path = str(out / "baseline.json")
+            if failed := profile_elsewhere(model, device, path, *flags):
+                raise Refused(f"profiling the baseline failed: {failed}")
+            ran()
+            baseline = path, baseline_of(path, sha, device, context, beam, route_on)
+        return baseline
+    if not recall:
+        base()
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
-             "beam": beam, "context": context, "on": label_of(route_on, beam)}
+             "beam": beam, "context": context, "tokens": tokens, "on": label_of(route_on, beam),
+             "route": route_settings(route_on)}
+    base_us = median(baseline[1].token_wall_us) if baseline else None
     tried = 0
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
         if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(family.stored(c.setting), current):
             c.skipped = "the route's own setting: the baseline"
+            continue
+        if recall and (e := recalled(ledger, candidate_id, {**scope, "setting": c.flag})) is not None:
+            c.verdict, c.reasons, c.median_us, c.ledger_id, c.recalled = (e.verdict, e.reasons, e.scope.get("median_us"),
+                                                                          e.id, True)
+            c.trace = next((ev["path"] for ev in e.evidence[1:]), None)
+            base_us = base_us or e.scope.get("baseline_median_us")
+            tried += 1
             continue
         skip, why = ledger.should_skip(candidate_id, {**scope, "setting": c.flag})
         if skip:
@@ -481,21 +516,28 @@ def choose(family: WholeToken, model: str, census, device: str, context: int, to
         if budget is not None and tried >= budget:
             c.skipped = f"beyond the budget: FutureSight kept the {budget} best predicted setting(s)"
             continue
+        if deadline is not None and time.monotonic() >= deadline:
+            c.skipped = "out of time: the time budget was spent before it started"
+            continue
         tried += 1
+        baseline_path, trace_base = base()
+        base_us = median(trace_base.token_wall_us)
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
         if failed := profile_elsewhere(model, device, str(path), *flags, *family.flags(c.setting)):
             raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
+        ran()
         trace = tracefile.load(str(path))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j = judge(base, trace, Checks(expected_route=label_of(route_on, beam, expected.families()),
-                                      candidate_id=candidate_id, reopen=f"engine!={engine()}"))
+        j = judge(trace_base, trace, Checks(expected_route=label_of(route_on, beam, expected.families()),
+                                            candidate_id=candidate_id, reopen=f"engine!={engine()}"))
         c.verdict, c.reasons = j.verdict, j.reasons
         c.median_us = median(trace.token_wall_us)
-        ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={**j.scope, **scope,
-                      "setting": c.flag, "predicted_us": c.predicted_us}, evidence=[baseline_path, str(path)],
-                      reopen=j.reopen, actor="boltbeam search")
+        c.ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
+            **j.scope, **scope, "setting": c.flag, "predicted_us": c.predicted_us, "median_us": c.median_us,
+            "baseline_median_us": base_us}, evidence=[baseline_path, str(path)], reopen=j.reopen,
+            actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
-    return Choice(family.name, median(base.token_wall_us), candidates, chosen, dict(rejected), products)
+    return Choice(family.name, base_us, candidates, chosen, dict(rejected), products)

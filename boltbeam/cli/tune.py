@@ -1,0 +1,103 @@
+"""`boltbeam tune`: the whole-token families one after another, each judged against the route so far, within a
+time budget; the route, the record of every step and the journey's page."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.markup import escape
+
+from boltbeam import report
+from boltbeam.cli.search import JUDGE_TOKENS
+from boltbeam.errors import BadInput
+
+OUTPUTS = ("route.json", "tune.json", "report.html")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from boltbeam.cli.read import model_arg
+    p = sub.add_parser("tune", help="from tinygrad's own route to the fastest the generated families reach: each family's "
+                                    "settings judged on the whole token against the route so far, within --minutes",
+                       description="Writes into --out DIR: " + ", ".join(OUTPUTS) + " (all or none), and the whole-token "
+                                   "traces and each step's route under DIR/traces/. Every verdict goes in the ledger; a "
+                                   "second tune on the same ledger reads them and times nothing it judged before.")
+    model_arg(p)
+    p.add_argument("--device", required=True, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
+    p.add_argument("--target", required=True, help="the chip's declared facts (see `boltbeam targets`)")
+    p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the route, tune.json, report.html and traces")
+    p.add_argument("--minutes", type=float, default=60.0, metavar="M",
+                   help="no new setting starts after M minutes (default 60); what is left is said and recorded")
+    p.add_argument("--ledger", default=".boltbeam/ledger.sqlite", metavar="L", help="the ledger (created if missing)")
+    p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
+    p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
+                   help=f"whole tokens per side for the judge (default {JUDGE_TOKENS}, at least 5)")
+    p.add_argument("--budget", type=int, metavar="K", help="settings judged per family at most, FutureSight's best "
+                   "first (default: every legal one, as time allows)")
+    p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order "
+                   "(default: every one)")
+    p.add_argument("--json", action="store_true", help="print tune.json")
+    p.set_defaults(func=run, out_files=lambda a: list(OUTPUTS))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    from boltbeam.bound.targets import get_target
+    from boltbeam.cli.depth import check_depth
+    from boltbeam.cli.read import resolve_model
+    from boltbeam.files import json_text, output_dir, sha256_file, write_all
+    from boltbeam.ledger.store import Ledger
+    from boltbeam.read.census import take_census
+    from boltbeam.report.page import render_tune
+    from boltbeam.search.tune import tunable, tune
+    if not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1):
+        raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0 and --budget >= 1")
+    families = tunable(args.families.split(",") if args.families else None)
+    model = resolve_model(args)
+    target = get_target(args.target, args.targets)
+    census = take_census(model)      # a missing model or no GGUF: one line, before anything is written
+    check_depth(census, args.context, args.tokens)
+    out = output_dir(args.out)
+    sha = sha256_file(model)
+    with Ledger(args.ledger) as ledger, Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "profiles",
+            TimeElapsedColumn(), TimeRemainingColumn(), console=report.console(), transient=True) as bar:
+        task = bar.add_task("tune", total=None)
+        deadline = time.monotonic() + args.minutes * 60
+        say = lambda what: bar.update(task, description=escape(
+            f"{what} ({max(0.0, deadline - time.monotonic()) / 60:,.1f} min of the budget left)"))
+        left = lambda n: bar.update(task, total=bar.tasks[0].completed + n)
+        done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out, families,
+                           args.budget, args.minutes, say, lambda: bar.advance(task), left)
+    record = done.to_dict()
+    write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
+               out / "report.html": render_tune(done)})
+    if args.json:
+        report.print_json(record)
+    else:
+        _print(done, out)
+    return 0
+
+
+def _print(done, out) -> None:
+    from collections import Counter
+    con = report.console()
+    tok_s = lambda us: "" if us is None else f"{1e6 / us:,.1f}"
+    judged = [s for s in done.steps if s.verdict]
+    con.print(report.table(f"{done.model} on {done.target}: each setting judged against the route so far (* joined it)",
+                           ["family", "setting", "predicted µs", "tok/s before", "tok/s with it", "verdict", "ledger"],
+                           [[s.family, s.setting + (" *" if s.promoted else ""), f"{s.predicted_us:,.1f}",
+                             tok_s(s.before_us), tok_s(s.after_us), s.verdict,
+                             f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged], right=(2, 3, 4)))
+    for (family, why), n in Counter((s.family, s.skipped) for s in done.steps if s.skipped).items():
+        con.print(f"not judged: {family}, {n} setting(s): {escape(why)}")
+    for s in done.skipped:
+        con.print(f"skipped {s.family}: {escape(s.why)}")
+    if done.out_of_time:
+        con.print(f"out of time: the {done.minutes:g} minute(s) were spent; a second tune on the same ledger goes on "
+                  f"from here")
+    con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "
+              f"({len(done.promoted)} setting(s) promoted); {done.profiles} whole token(s) profiled now, "
+              f"{sum(not s.timed for s in judged)} verdict(s) read from the ledger, in {done.seconds:,.0f} s")
+    con.print(f"wrote {out / 'route.json'}, {out / 'tune.json'}, {out / 'report.html'}")

@@ -1,0 +1,158 @@
+"""The decide loop across the whole-token families: from tinygrad's own route to the fastest one the
+families reach, one family at a time (`boltbeam tune`).
+
+Each family in turn has its settings judged on the whole token against the route so far (search/choose.py:
+BubbleBeam's legal settings, FutureSight's best first, each in a fresh process, the judge's verdict in the
+ledger); the fastest promoted setting joins the route, and its profile is the next family's baseline. A
+family the route or the target cannot take (the generated kernel's families before a kernel-form layout, a
+target where no setting is legal) is skipped with the reason. A verdict the ledger holds in exactly the same
+scope is read, not timed again, so a second tune on the same ledger times nothing and writes the same route.
+No setting starts after the deadline.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from boltbeam.bound.targets import Target
+from boltbeam.errors import BadInput
+from boltbeam.measure import route as routes
+from boltbeam.measure.route import Route, engine
+from boltbeam.search.choose import WHOLE_TOKEN, WholeToken, baseline_of, check_on, choose, legal_space, with_setting
+
+BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
+
+
+def tunable(names: list[str] | None = None) -> list[WholeToken]:
+    """The families tune runs, in the order it runs them (spaces.toml's: the layout before the families that
+    build on its generated kernel); `names` keeps only those, one line on a name that is none of them."""
+    every = list(WHOLE_TOKEN.values())
+    if names is None:
+        return every
+    if unknown := [n for n in names if n not in WHOLE_TOKEN]:
+        raise BadInput(f"--families: unknown {', '.join(unknown)} (known: {', '.join(WHOLE_TOKEN)})")
+    return [f for f in every if f.name in names]
+
+
+@dataclass
+class Step:
+    """One setting judged on the whole token against the route so far (or why it was not)."""
+    family: str
+    setting: str
+    predicted_us: float
+    before_us: float | None         # the route so far: its median token
+    after_us: float | None          # with the setting: its median token
+    verdict: str | None             # None: not judged (skipped says why)
+    reasons: list[str]
+    ledger_id: int | None
+    timed: bool                     # profiled in this run; else its verdict came from the ledger, or it was skipped
+    skipped: str | None = None
+    promoted: bool = False          # it joined the route
+
+    def to_dict(self) -> dict[str, Any]:
+        tok_s = lambda us: 1e6 / us if us else None
+        return {**asdict(self), "before_tok_s": tok_s(self.before_us), "after_tok_s": tok_s(self.after_us)}
+
+
+@dataclass
+class Skip:
+    family: str
+    why: str
+
+
+@dataclass
+class Tune:
+    """What tune did: every step, the families skipped and why, the route's token before and after."""
+    model: str
+    model_sha256: str
+    device: str
+    target: str
+    context: int
+    tokens: int
+    minutes: float
+    steps: list[Step] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    start_us: float | None = None    # tinygrad's own route (the first baseline)
+    final_us: float | None = None    # the route written
+    profiles: int = 0                # whole tokens profiled in this run
+    out_of_time: bool = False
+    seconds: float = 0.0
+
+    @property
+    def promoted(self) -> list[Step]:
+        return [s for s in self.steps if s.promoted]
+
+    def to_dict(self) -> dict[str, Any]:
+        tok_s = lambda us: 1e6 / us if us else None
+        return {**{k: v for k, v in asdict(self).items() if k != "steps"}, "steps": [s.to_dict() for s in self.steps],
+                "start_tok_s": tok_s(self.start_us), "final_tok_s": tok_s(self.final_us)}
+
+
+def planned(family: WholeToken, target: Target, budget: int | None) -> int:
+    """Profiles a family is expected to take at most: its legal settings within the budget, and a baseline."""
+    try:
+        n = len(legal_space(family, target)[0])
+    except BadInput:
+        return 0
+    return min(n, budget or n) + 1
+
+
+def tune(model: str, census, device: str, target: Target, context: int, tokens: int, ledger, sha: str, out: Path,
+         families: list[WholeToken], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
+         ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None) -> tuple[Tune, Route]:
+    """Each family judged against the route so far, in order, within `minutes`; the route every promoted
+    setting composed (of no family where none was). Traces and each step's route go under `out/traces`;
+    `left` hears the profiles still planned after each family."""
+    started = time.monotonic()
+    deadline = started + minutes * 60
+    record = Tune(model, sha, device, target.name, context, tokens, minutes)
+    # The start: a route of no family, run as every later route is (its token is tinygrad's own), so each
+    # promoted setting's profile is the next family's baseline as it stands.
+    start = Route(sha, engine(), device, target.name, "tune", "generated by search", [])
+    routes.save(start, out / "traces" / "route.json")
+    on, baseline = (str(out / "traces" / "route.json"), start), None
+
+    def counted() -> None:
+        record.profiles += 1
+        ran()
+    for i, family in enumerate(families):
+        left(sum(planned(f, target, budget) for f in families[i:]))
+        try:
+            check_on(family, *on, target)
+        except BadInput as e:
+            record.skipped.append(Skip(family.name, str(e)))
+            say(f"skipped {family.name}: {e}")
+            continue
+        folder = out / "traces" / f"{i + 1}_{family.name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
+                        budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted)
+        record.start_us = record.start_us or choice.baseline_median_us
+        for c in choice.candidates:
+            record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
+            record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
+                                     c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
+                                     c.skipped, c is choice.chosen))
+        if choice.chosen is None:     # the route stays: so does its profile, where this family made one
+            baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1])
+            continue
+        route = with_setting(family, on[1], choice.chosen.setting, sha, device, target.name, BEAM)
+        routes.save(route, folder / "route.json")     # the route the next family's settings go on
+        on = str(folder / "route.json"), route
+        baseline = _earlier(choice.chosen.trace, sha, device, context, route)
+    record.final_us = record.promoted[-1].after_us if record.promoted else record.start_us
+    record.seconds = round(time.monotonic() - started, 1)
+    return record, on[1]
+
+
+def _earlier(path: str | None, sha: str, device: str, context: int, route: Route):
+    """A profile of `route` (the promoted setting's, or the route's own) as the next family's baseline, where it
+    stands and ran that route (else None: the next family profiles the route itself if a setting runs)."""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return path, baseline_of(path, sha, device, context, BEAM, route)
+    except BadInput:
+        return None
