@@ -263,10 +263,78 @@ def test_launch_and_sync_measured_on_the_token_where_the_timing_cost_is(tiny_bou
     assert any("launch facts would have counted" in n for n in acc.notes)
     slow = account(with_marks([plain + 90.0] * 4), tiny_bound, H200L)
     assert slow.residual_us == pytest.approx(90.0) and not slow.closed
+    assert slow.plain_outside_us - slow.counted_outside_us == pytest.approx(90.0)     # the check that names it
+    assert "the plain tokens spent" in slow.refusals[0] and "the timed tokens' launch and sync count" in slow.refusals[0]
+    assert acc.timing_cost_per_kernel_us == pytest.approx(stretch / len(tokens[0]))
     # Without brackets the timing's cost is unmeasured: the facts' line stands, as on the CPU.
     bare = with_marks([plain] * 4)
     bare.kernel_pass.plain_bracket_us = None
     assert [x.label for x in account(bare, tiny_bound, H200L).lines if x.kind == "launch"] == ["launch and sync"]
+
+
+def per_launch_trace(b: Bound, per_kernel_cost: float, plain_host: float | None, launch_host: float | None,
+                     plain_slower: float = 0.0) -> tuple[Trace, float]:
+    """Four tokens timed per kernel, each kernel stretched by the timing, beside four timed per launch (their
+    span the kernels' own): the host's work 300 µs, launch to first kernel 40 µs, synchronization 60 µs in the
+    tokens timed per launch; the tokens timed per kernel slowed on the host by the timing (1,000 µs before the
+    first kernel, 150 after the last), as CUPTI slows llama.cpp's. Returns the trace and the kernels' own span."""
+    true = [full_token(b, t) for t in range(4)]
+    stretched = [token([dataclasses.replace(k, duration_us=k.duration_us + per_kernel_cost) for k in ks], t, 2.0)
+                 for t, ks in enumerate(true)]
+    own = span(true[0])
+    plain = 300.0 + 40.0 + own + 60.0 + plain_slower
+    trace = make_trace(stretched, [plain] * 4, [1000.0 + span(stretched[0]) + 150.0] * 4, engine="llama.cpp")
+    trace.kernel_pass = dataclasses.replace(
+        trace.kernel_pass, graph_launches=[1] * 4, lead_us=[1000.0] * 4, trail_us=[150.0] * 4,
+        plain_host_us=None if plain_host is None else [plain_host] * 4,
+        launch_wall_us=[300.0 + 40.0 + own + 60.0] * 4, launch_span_us=[own] * 4,
+        launch_host_us=None if launch_host is None else [launch_host] * 4, launch_lead_us=[340.0] * 4,
+        launch_trail_us=[60.0] * 4)
+    return trace, own
+
+
+def test_the_timing_cost_and_launch_measured_against_tokens_timed_per_launch(tiny_bound):
+    """CUDA: each timed token beside one timed per launch (CUPTI's graph records, no kernel recorded). The timing's
+    cost is the two device spans' difference (its per-kernel figure a check); launch and sync come from the
+    tokens timed per launch, not from the timed tokens whose host the timing slowed; the account closes with no
+    launch fact (the packaged ones were measured through tinygrad, this is llama.cpp)."""
+    trace, own = per_launch_trace(tiny_bound, 0.6, plain_host=None, launch_host=300.0)
+    n = len(trace.kernels_of_token(0))
+    acc = account(trace, tiny_bound, H200)
+    assert acc.closed and acc.residual_us == pytest.approx(0.0, abs=1e-6)
+    assert line(acc, "timing's cost").us == pytest.approx(-0.6 * n) and "timed per launch" in line(acc, "timing's cost").detail
+    assert acc.timing_cost_per_kernel_us == pytest.approx(0.6) and acc.kernels_per_token == n
+    assert {x.label: x.us for x in acc.lines if x.kind == "launch"} == pytest.approx(
+        {"host before the first launch": 300.0, "first launch to first kernel": 40.0, "synchronization and read-back": 60.0})
+    assert "graph-launch call" in line(acc, "host before the first launch").detail
+    assert acc.launch_wall_us == pytest.approx(acc.wall_us) and acc.outside_span_us == pytest.approx(400.0)
+    assert not any("measured through tinygrad" in note for note in acc.notes)
+    # The host's time before its launch from the plain tokens where the engine shows it (tinygrad's hook)
+    hooked, _ = per_launch_trace(tiny_bound, 0.6, plain_host=300.0, launch_host=300.0)
+    assert "plain tokens" in line(account(hooked, tiny_bound, H200), "host before the first launch").detail
+    # No launch call recorded: the host's work and the launch as one line
+    bare, _ = per_launch_trace(tiny_bound, 0.6, plain_host=None, launch_host=None)
+    assert [(x.label, x.us) for x in account(bare, tiny_bound, H200).lines if x.kind == "launch"] == [
+        ("before the first kernel", pytest.approx(340.0)), ("synchronization and read-back", pytest.approx(60.0))]
+    # Plain tokens 2% slower than those timed per launch: refused, naming them
+    slow, _ = per_launch_trace(tiny_bound, 0.6, plain_host=None, launch_host=300.0, plain_slower=0.02 * (400.0 + own) / 0.98)
+    refused = account(slow, tiny_bound, H200)
+    assert not refused.closed and "the tokens timed per launch took" in refused.refusals[0]
+
+
+def test_pairs_are_judged_by_the_timed_token_less_its_timing_cost(tiny_bound):
+    """With brackets, a timed token slower by what its timing added (measured: the brackets) is no change of the
+    machine's speed: the pairs left out are those where the plain token and the timed one less its cost differ
+    most, here the pair whose plain token waited 400 µs longer and the one that waited 300 µs less."""
+    tokens = [full_token(tiny_bound, t) for t in range(8)]
+    costs = [10.0, 200.0, 30.0, 400.0, 20.0, 50.0, 300.0, 40.0]
+    waits = [0.0, 0.0, 400.0, 0.0, 0.0, -300.0, 0.0, 0.0]
+    plain = [1000.0 + w for w in waits]
+    trace = make_trace(tokens, plain, [1000.0 + c for c in costs])
+    trace.kernel_pass.plain_bracket_us = [5000.0] * 8
+    trace.kernel_pass.timed_bracket_us = [5000.0 + c for c in costs]
+    kept = trace.kept_pairs()
+    assert 2 not in kept and 5 not in kept and {1, 3, 6} <= set(kept)
 
 
 def test_account_cli_json_contract(capsys, tmp_path, model, tiny_bound):
@@ -319,6 +387,20 @@ def test_inflated_kernels_are_refused(capsys, tmp_path, model, tiny_bound):
     code, _, err = run(capsys, "account", path, "--model", model, "--target", "h200")
     assert code == 3 and "inflated the kernels" in err
     assert f"{kernel_sum - wall:,.2f} µs (3.0%)" in err
+
+
+def test_kernels_slower_by_their_measured_timing_cost_are_not_inflated(tiny_bound):
+    """The timed tokens' kernels 3% longer than the plain token (a loaded machine, or the timing itself), the
+    difference measured by the brackets: the timing's cost line takes it out, and the kernels are not called
+    inflated; 3% more than that is."""
+    ks = full_token(tiny_bound, gap_us=0.0)
+    busy = sum(k.duration_us for k in ks)
+    for extra, refused in ((0.0, False), (0.03 * busy, True)):
+        trace = make_trace([ks], [busy / 1.03], [busy])
+        trace.kernel_pass.plain_bracket_us, trace.kernel_pass.timed_bracket_us = [busy / 1.03 + extra], [busy]
+        acc = account(trace, tiny_bound, H200)
+        assert acc.timing_cost_us == pytest.approx(busy - busy / 1.03 - extra)
+        assert any("inflated the kernels" in r for r in acc.refusals) == refused, acc.refusals
 
 
 def test_whole_token_trace_is_refused(capsys, tmp_path, model):

@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from boltbeam.errors import Refused
-from boltbeam.measure.graph_timing import KernelRecord, LaunchFacts, Segment, match_records, split_by_token
+from boltbeam.measure.graph_timing import (GraphRecord, KernelRecord, LaunchCall, LaunchFacts, Records, Segment, alternate,
+                                           launch_timed, match_records, split_by_token)
 
 Q = LaunchFacts("r_32_32_4", (32, 1, 1), (32, 1, 1))
 DOWN = LaunchFacts("r_32_48_2", (32, 1, 1), (32, 1, 1))
@@ -48,8 +49,34 @@ def test_single_kernel_where_the_host_launched_a_graph_is_refused():
 def test_records_split_by_host_marks_and_strays_refused():
     records = [rec(Q, 7, 105), rec(Q, 7, 215), rec(Q, 7, 110)]
     assert [[r.start_ns for r in t] for t in split_by_token(records, [100, 200, 300], "t")] == [[105, 110], [215]]
-    with pytest.raises(Refused, match="1 kernel record"):
+    with pytest.raises(Refused, match="1 record"):
         split_by_token(records + [rec(Q, 7, 300)], [100, 200, 300], "t")
+
+
+def test_a_token_timed_per_launch_from_its_graph_records_and_launch_calls():
+    """Marks at 1,000 and 9,000 ns; two graphs launched by calls at 3,000 and 5,000 ns run 4,000-6,000 and
+    6,500-8,000: host 2 µs to the first call, 3 µs to the first graph's start, span 4 µs, 1 µs after the last."""
+    graphs = [GraphRecord(11, 2, 6_500, 8_000), GraphRecord(10, 1, 4_000, 6_000)]
+    calls = [LaunchCall(1, 3_000), LaunchCall(2, 5_000), LaunchCall(99, 500)]      # 99: another token's call
+    t = launch_timed((1_000, 9_000), 8.0, graphs, calls, 2, "t")
+    assert (t.host_us, t.lead_us, t.span_us, t.trail_us) == (2.0, 3.0, 4.0, 1.0)
+    assert launch_timed((1_000, 9_000), 8.0, graphs, [], None, "t").host_us is None   # no call recorded: not guessed
+    with pytest.raises(Refused, match="recorded 2 graph execution.*the host launched 3"):
+        launch_timed((1_000, 9_000), 8.0, graphs, calls, 3, "t")
+    with pytest.raises(Refused, match="could not time a graph"):
+        launch_timed((1_000, 9_000), 8.0, [GraphRecord(10, 1, 0, 0)], calls, 1, "t")
+
+
+def test_tokens_timed_per_kernel_and_per_launch_alternate():
+    marks = [(100, 190), (200, 290), (300, 390), (400, 490)]     # per kernel, per launch, per kernel, per launch
+    records = Records([rec(Q, 7, 110), rec(Q, 7, 310)], [GraphRecord(7, 1, 210, 280), GraphRecord(7, 2, 410, 480)],
+                      [LaunchCall(1, 205), LaunchCall(2, 405)])
+    kernels, graphs, calls = alternate(records, marks, "t")
+    assert [[r.start_ns for r in t] for t in kernels] == [[110], [310]]
+    assert [[g.correlation for g in t] for t in graphs] == [[1], [2]] and [[c.start_ns for c in t] for t in calls] == [[205], [405]]
+    records.kernels.append(rec(Q, 7, 220))       # a kernel recorded while only graphs should have been
+    with pytest.raises(Refused, match="did not switch"):
+        alternate(records, marks, "t")
 
 
 def test_a_cupti_that_does_not_load_against_the_driver_is_refused(tmp_path, monkeypatch):

@@ -7,7 +7,10 @@ import pathlib
 
 import pytest
 
+from boltbeam.account import account
 from boltbeam.account.compare import region_times
+from boltbeam.bound.roofline import bound
+from boltbeam.bound.targets import get_target
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.measure import llama_cpp_run
@@ -18,12 +21,22 @@ from boltbeam.read.census import TensorEntry, take_census
 
 RECORDED = pathlib.Path(__file__).parent / "data" / "llama_h200_token.json"
 FAKES = pathlib.Path(__file__).parent / "fake_engines"    # stand-ins for llama-cpp-python and cupti-python
+H200 = get_target("h200")
 
 
 def with_fakes(monkeypatch) -> None:
     """The stand-ins on the path of this process (its checks) and of the child it starts (the run)."""
     monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKES), os.environ.get("PYTHONPATH")) if p))
+
+
+def fake_binding():
+    """The stand-in binding's module, read from its file (its times are the test's expectations)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fake_llama_cpp", FAKES / "llama_cpp" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def trace_of(kernels: list[Kernel]) -> Trace:
@@ -108,9 +121,9 @@ def test_the_child_runs_end_to_end_with_stand_ins(tiny_model, monkeypatch):
     ticks = []
     t = llama_cpp_run.profile(tiny_model, context=4, tokens=3, warmup=1, model_hash=False,
                               progress=lambda stage, n: ticks.append(stage))
-    assert ticks == ["prefill", "warm-up"] + ["plain"] * 3 + ["timed"] * 3
+    assert ticks == ["prefill", "warm-up"] + ["plain"] * 3 + ["timed", "timed per launch"] * 3
     assert len(t.token_wall_us) == len(t.kernel_pass_wall_us) == 3 and t.kernel_tokens == [0, 1, 2]
-    assert t.output_tokens == [3] * 8                      # prefill, warm-up, 3 plain, 3 timed: the stand-in peaks at 3
+    assert t.output_tokens == [3] * 11                     # prefill, warm-up, 3 plain, 3 + 3 timed: the stand-in peaks at 3
     assert t.kernel_pass.graph_launches == [1, 1, 1] and t.kernel_pass.timing == "cupti"
     assert {k.launch for k in t.kernels} == {0}        # each token's kernels ran in its one graph
     tables = products_in_order(take_census(tiny_model))
@@ -119,6 +132,32 @@ def test_the_child_runs_end_to_end_with_stand_ins(tiny_model, monkeypatch):
         assert read == [x.name for x in tables]            # every table, once, in compute order
     assert {k.category for k in t.kernels if k.category != "weights"} == {"norm"}
     assert t.environment["engine"] == "llama.cpp" and "0.0-fake" in t.environment["engine_version"]
+
+
+def test_llama_cpp_launch_and_sync_measured_on_its_tokens(tiny_model, monkeypatch):
+    """The stand-in's decode step works on the host, launches its graph and returns; recording each kernel
+    costs each kernel on the "device" and the host at the launch. Beside each token timed per kernel, one
+    timed per launch (graph records and the launch call): the timing's cost is the two spans' difference, and
+    launch and sync come from the tokens timed per launch, never from tinygrad's launch facts nor from the
+    tokens whose every kernel was recorded (their host spends 5 ms more before its launch)."""
+    fake = fake_binding()
+    with_fakes(monkeypatch)
+    trace = llama_cpp_run.profile(tiny_model, context=4, tokens=4, warmup=1, model_hash=False)
+    kp = trace.kernel_pass
+    kernels = len(trace.kernels_of_token(0))
+    assert len(kp.launch_wall_us) == len(kp.launch_host_us) == 4
+    assert trace.timing_cost_us() == pytest.approx([kernels / 2 * fake.KERNEL_COST_US] * 4)   # two kernels a table
+    assert all(lead - host == pytest.approx(fake.LATENCY_US) for lead, host in zip(kp.launch_lead_us, kp.launch_host_us))
+    assert all(lead > fake.CUPTI_HOST_US for lead in kp.lead_us)        # the timed tokens' host, slowed by the timing
+    acc = account(trace, bound(take_census(tiny_model), H200, context=4, batch=1), H200)
+    lines = {x.label: x for x in acc.lines}
+    assert [x.label for x in acc.lines if x.kind == "launch"] == [
+        "host before the first launch", "first launch to first kernel", "synchronization and read-back"]
+    assert fake.HOST_US <= lines["host before the first launch"].us < fake.HOST_US + fake.CUPTI_HOST_US / 2
+    assert lines["first launch to first kernel"].us == pytest.approx(fake.LATENCY_US)
+    assert lines["timing's cost"].us == pytest.approx(-kernels / 2 * fake.KERNEL_COST_US)
+    assert acc.timing_cost_per_kernel_us == pytest.approx(fake.KERNEL_COST_US / 2)
+    assert not any("measured through tinygrad" in n for n in acc.notes)
 
 
 def test_profile_engine_llama_cpp_from_the_command_line(tiny_model, monkeypatch, tmp_path, capsys):
@@ -144,5 +183,30 @@ def test_audit_through_llama_cpp(tiny_model, monkeypatch, tmp_path, capsys):
     capsys.readouterr()
     assert code == 0 and (out / "report.html").exists()
     assert load(str(out / "trace.json")).environment["engine"] == "llama.cpp"
-    notes = json.loads((out / "account.json").read_text())["notes"]
-    assert any("measured through tinygrad" in n for n in notes)   # no launch line from tinygrad's facts
+    acc = json.loads((out / "account.json").read_text())
+    assert not any("measured through tinygrad" in n for n in acc["notes"])   # launch and sync measured on its tokens,
+    assert [x["label"] for x in acc["lines"] if x["kind"] == "launch"] == [   # none from tinygrad's facts
+        "host before the first launch", "first launch to first kernel", "synchronization and read-back"]
+
+
+def test_profile_reference_holds_tinygrads_greedy_tokens_to_llama_cpps(tiny_model, monkeypatch, tmp_path):
+    """`profile --reference`: the same prompt ids decoded through llama.cpp (the stand-in, whose greedy token is
+    always 3); every step where tinygrad's token differs is counted, the first named, the trace written with
+    llama.cpp's tokens, exit 3. Without the binding, one line before anything is profiled."""
+    import subprocess
+    import sys
+    with_fakes(monkeypatch)
+    out = tmp_path / "t.json"
+    cmd = [sys.executable, "-m", "boltbeam", "profile", tiny_model, "--device", "CPU", "--context", "4", "--tokens", "2",
+           "--no-hash", "--reference", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    trace = load(str(out))
+    ours, theirs = trace.output_tokens, trace.provenance["reference"]["output_tokens"]
+    assert theirs == [3] * len(ours) and "llama.cpp" in trace.provenance["reference"]["engine"]
+    differ = [i for i, t in enumerate(ours) if t != 3]
+    assert done.returncode == 3 and differ, done.stderr[-2000:]
+    assert f"{len(differ)} of the {len(ours)} greedy tokens both decoded differ" in done.stderr
+    assert f"the first at step {differ[0]}: {ours[differ[0]]} where" in done.stderr
+    monkeypatch.setenv("PYTHONPATH", "")           # no binding: refused before the profile
+    bare = subprocess.run(cmd[:-1] + [str(tmp_path / "u.json")], capture_output=True, text=True, timeout=600)
+    assert bare.returncode == 2 and "needs llama-cpp-python" in bare.stderr and not (tmp_path / "u.json").exists()

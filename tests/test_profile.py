@@ -304,22 +304,3 @@ def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
         assert log[0] == "first" and log.count("first") == 1 and log.count("last") >= 2 and log[-1] == "last"
         assert bracket == 42.0 and opened
     assert copy == [[], None, False]
-
-
-@pytest.mark.alone      # another test beside it would share the cores its timing measures
-def test_the_cpu_account_closes_three_times_of_three(tiny_model, tmp_path, capsys):
-    """Issue 7's CPU promise: profile and account the tiny model three times, each in its own process;
-    every account closes within 1%. Launch and sync are measured on the tokens, the timing's cost by
-    the device's own stamps around them; the target's bandwidth is a fixed CPU-like one (it sets only
-    the floor line, which every account takes back out)."""
-    residuals = []
-    for run in range(3):
-        trace = tmp_path / f"run{run}.json"
-        profile(tiny_model, trace, "--context", "8", "--tokens", "48")
-        code = main(["account", str(trace), "--model", tiny_model, "--target", "host-like", "--targets", _host_like(),
-                     "--json"])
-        d = json.loads(capsys.readouterr().out)
-        residuals.append(d["residual_fraction"])
-        assert "timing" in {line["kind"] for line in d["lines"]}
-        assert code == 0 and d["closed"], (run, residuals, d["refusals"])
-    assert all(abs(r) <= 0.01 for r in residuals)

@@ -8,17 +8,22 @@ Which figures are independent measurements, and where each comes from:
   gaps, overlap   the same device timeline: idle time between kernels, kernels running together; the
                   idle time where one host launch (a graph) ends and the next begins, where the
                   kernels carry their launch, split out as the device waiting on the host
-  timing's cost   brackets before each token's first kernel launch and after its last, in the plain
-                  tokens and in the timed ones (CUDA events on CUDA, the device's own stamps on
-                  tinygrad's command-queue devices such as the CPU): what the timing
-                  added to the device time, taken back out of the timed kernels' span; counted
-                  with launch and sync measured on the token, or with launch facts measured the
-                  same way (launch_cost.BRACKETED)
-  launch and sync where the trace has brackets and the host's marks, measured on the token: the plain
-                  tokens' host time from their start to their first kernel launch (host clock),
-                  the timed tokens' first launch to first kernel and last kernel to return (the
-                  timing's clock). Elsewhere, measured facts of the target (`measure-target
-                  --launch`: on calibration decodes of other models, the plain token minus the
+  timing's cost   on CUDA, each timed token beside one timed per launch (CUPTI's graph records, its
+                  per-kernel activity off): the timed tokens' device span less theirs, what
+                  recording each kernel added (said a kernel too: a check on it). Elsewhere brackets
+                  before each token's first kernel launch and after its last, in the plain tokens
+                  and in the timed ones (CUDA events, or the device's own stamps on tinygrad's
+                  command-queue devices such as the CPU): what the timing added to the device time.
+                  Taken back out of the timed kernels' span; counted with launch and sync measured
+                  on the token, or with launch facts measured the same way (launch_cost.BRACKETED)
+  launch and sync measured on the token where the trace has the host's marks: the plain tokens' host
+                  time from their start to their first kernel launch (host clock; where the engine
+                  shows no plain launch, llama.cpp, the tokens timed per launch: the first graph-launch
+                  call CUPTI saw), then the first launch to the first kernel and the last kernel to
+                  the token's return, on the timing's clock: in the tokens timed per launch where the
+                  trace has them (recording every kernel also slows the host's launch and sync), else
+                  in the timed tokens beside their brackets. Elsewhere, measured facts of the target
+                  (`measure-target --launch`: on calibration decodes of other models, the plain token minus the
                   timed kernels' device span (less the timing's cost, where bracketed), per call
                   and per kernel) times the JIT calls and kernels the token launched; only for the
                   engine they were measured through (another engine's trace has no such line)
@@ -45,8 +50,9 @@ the measured time it bounds:
 
 No line is the difference of two totals, so the residual (the wall minus every line) can come out
 wrong: over 1% of the wall the account is refused, and the refusal names the measurement that
-disagrees (the timed tokens against the plain ones, or the launch fact against the time the timed
-tokens spent outside their device span).
+disagrees (the tokens timed per launch, or the timed tokens less their timing's cost, against the plain
+ones; the plain tokens' time outside their brackets against the launch and sync the lines count; the
+launch fact against the time the timed tokens spent outside their device span).
 """
 from __future__ import annotations
 
@@ -67,7 +73,7 @@ from boltbeam.read.roles import read_kind
 from boltbeam.units import fmt_bytes
 
 CLOSE_FRACTION = 0.01      # an account closes when |residual| <= 1% of the wall
-INFLATION_FRACTION = 0.01  # kernels busy past 101% of the plain token were inflated by their timing
+INFLATION_FRACTION = 0.01  # kernels busy past 101% of the plain token, less their timing's measured cost, were inflated
 EXTRA_BYTES_FRACTION = 1.05
 LOAD_BYTES = 16            # bytes one thread has in flight per request: one wide (128-bit) load
 RESIDENT_FACT = "max_threads_per_multiprocessor"
@@ -113,6 +119,12 @@ class Account:
     outside_span_us: float | None = None   # per timed token: its wall minus its device span (a check)
     lead_us: float | None = None     # per timed token: host mark to first kernel start (a check)
     trail_us: float | None = None    # per timed token: last kernel end to host mark (a check)
+    launch_wall_us: float | None = None    # the tokens timed per launch, beside the timed ones (a check)
+    timing_cost_us: float | None = None    # what the timing added to the device time, a token (a check on its line)
+    kernels_per_token: float | None = None     # kernels a timed token ran: the timing's cost is said a kernel
+    plain_outside_us: float | None = None  # per plain token: its wall less its host time and its bracket (a check)
+    counted_outside_us: float | None = None    # what the lines count for it: launch to kernel, sync, less the
+                                               # timed tokens' own time inside their brackets outside their kernels
     notes: list[str] = field(default_factory=list)
     method: str = METHOD
 
@@ -131,8 +143,15 @@ class Account:
 
     @property
     def inflation_us(self) -> float:
-        """How far the kernels' busy time exceeds the plain token (0 when it fits)."""
-        return max(0.0, self.busy_us - self.wall_us)
+        """How far the kernels' busy time, less what their timing measurably added, exceeds the plain token (0
+        when it fits)."""
+        return max(0.0, self.busy_us - (self.timing_cost_us or 0.0) - self.wall_us)
+
+    @property
+    def timing_cost_per_kernel_us(self) -> float | None:
+        """The timing's cost a kernel: the figure to hold against CUPTI's known 0.5-0.7 µs on an H200."""
+        return self.timing_cost_us / self.kernels_per_token if self.timing_cost_us is not None and \
+            self.kernels_per_token else None
 
     @property
     def refusals(self) -> list[str]:
@@ -142,8 +161,9 @@ class Account:
             reasons.append(f"the account does not close: residual {r:+,.2f} µs is {abs(r) / self.wall_us:.1%} "
                            f"of the {self.wall_us:,.2f} µs token (closing needs <= {CLOSE_FRACTION:.0%}); "
                            + self.disagreement)
-        if self.busy_us > (1 + INFLATION_FRACTION) * self.wall_us:
-            reasons.append(f"per-kernel timing inflated the kernels: they occupy {self.busy_us:,.2f} µs, "
+        if self.inflation_us > INFLATION_FRACTION * self.wall_us:
+            less = f" ({self.timing_cost_us:,.2f} µs of it the timing's measured cost)" if self.timing_cost_us else ""
+            reasons.append(f"per-kernel timing inflated the kernels: they occupy {self.busy_us:,.2f} µs{less}, "
                            f"{self.inflation_us:,.2f} µs ({self.inflation_us / self.wall_us:.1%}) more than the "
                            f"{self.wall_us:,.2f} µs plain token; time them on one device timeline, "
                            f"synchronized once per token")
@@ -153,20 +173,36 @@ class Account:
     def disagreement(self) -> str:
         """Which measurement disagrees with the wall, judged from the checks the trace carries."""
         said = []
-        timed = self.kernel_pass_wall_us
-        if timed is not None and abs(timed - self.wall_us) > CLOSE_FRACTION * self.wall_us:
+        off = lambda x: abs(x - self.wall_us) > CLOSE_FRACTION * self.wall_us
+        timed, beside = self.kernel_pass_wall_us, self.launch_wall_us
+        if beside is not None:
+            if off(beside):
+                said.append(f"the tokens timed per launch took {beside:,.2f} µs against {self.wall_us:,.2f} µs plain "
+                            f"({beside / self.wall_us - 1:+.1%}): CUPTI's graph records changed the token")
+        elif timed is not None and self.timing_cost_us is not None:
+            if off(net := timed - self.timing_cost_us):
+                said.append(f"the timed tokens less their timing's cost took {net:,.2f} µs against {self.wall_us:,.2f} "
+                            f"µs plain ({net / self.wall_us - 1:+.1%}): the machine ran them at another speed")
+        elif timed is not None and off(timed):
             said.append(f"the timed tokens took {timed:,.2f} µs against {self.wall_us:,.2f} µs plain "
                         f"({timed / self.wall_us - 1:+.1%}): timing the kernels changed the token")
+        if self.plain_outside_us is not None and self.counted_outside_us is not None and \
+                abs(self.plain_outside_us - self.counted_outside_us) > CLOSE_FRACTION * self.wall_us:
+            said.append(f"the plain tokens spent {self.plain_outside_us:,.2f} µs from their first launch to their device "
+                        f"time's start and from its end to their return; the timed tokens' launch and sync count "
+                        f"{self.counted_outside_us:,.2f} µs for it")
         launch_lines = [line.us for line in self.lines if line.kind == "launch"]
         launch = sum(launch_lines) if launch_lines else None
+        which = "the tokens timed per launch" if self.launch_wall_us is not None else "the timed tokens"
         if self.outside_span_us is not None:
             if launch is None:
-                said.append(f"the timed tokens spent {self.outside_span_us:,.2f} µs outside their device span and "
+                said.append(f"{which} spent {self.outside_span_us:,.2f} µs outside their device span and "
                             f"no launch fact counts it")
             elif abs(self.outside_span_us - launch) > CLOSE_FRACTION * self.wall_us:
                 where = (f" ({self.lead_us:,.2f} µs before the first kernel, {self.trail_us:,.2f} µs after the last)"
-                         if self.lead_us is not None and self.trail_us is not None else "")
-                said.append(f"launch and sync count {launch:,.2f} µs; the timed tokens spent "
+                         if self.lead_us is not None and self.trail_us is not None and self.launch_wall_us is None
+                         else "")
+                said.append(f"launch and sync count {launch:,.2f} µs; {which} spent "
                             f"{self.outside_span_us:,.2f} µs outside their device span{where}")
         if self.timing and self.timing not in IN_GRAPH:
             said.append(f"the kernels were timed {TIMINGS[self.timing].split(':')[0]}")
@@ -179,7 +215,9 @@ class Account:
                 "residual_fraction": self.residual_us / self.wall_us,
                 "kernel_sum_us": self.kernel_sum_us, "overlap_us": self.overlap_us, "busy_us": self.busy_us,
                 "kernel_pass_wall_us": self.kernel_pass_wall_us, "outside_span_us": self.outside_span_us,
-                "lead_us": self.lead_us, "trail_us": self.trail_us,
+                "lead_us": self.lead_us, "trail_us": self.trail_us, "launch_wall_us": self.launch_wall_us,
+                "timing_cost_us": self.timing_cost_us, "timing_cost_per_kernel_us": self.timing_cost_per_kernel_us,
+                "plain_outside_us": self.plain_outside_us, "counted_outside_us": self.counted_outside_us,
                 "timing": self.timing, "inflation_us": self.inflation_us, "tokens_used": self.tokens_used, "method": self.method,
                 "target": self.target, "context": self.context, "load_bytes_per_thread": self.load_bytes,
                 "refusals": self.refusals, "notes": self.notes}
@@ -205,9 +243,16 @@ class Tokens:
     groups: dict[int, list[Kernel]]
     lead: list[float]
     trail: list[float]
-    timing_cost: list[float] = field(default_factory=list)   # per token: its brackets, timed less plain
+    timing_cost: list[float] = field(default_factory=list)   # per token: what its timing added (trace.timing_cost_us)
     plain_host: list[float] = field(default_factory=list)    # per plain token: start to first launch
     timed_host: list[float] = field(default_factory=list)    # per timed token: the same
+    plain_bracket: list[float] = field(default_factory=list)
+    timed_bracket: list[float] = field(default_factory=list)
+    launched: dict[str, list[float]] = field(default_factory=dict)   # the tokens timed per launch: KernelPass's
+                                                                     # launch_* lists, by the name after launch_
+
+
+LAUNCHED = ("wall", "span", "host", "lead", "trail")     # KernelPass.launch_<name>_us
 
 
 def paired_tokens(trace: Trace) -> Tokens:
@@ -216,13 +261,17 @@ def paired_tokens(trace: Trace) -> Tokens:
     kp = trace.kernel_pass
     lead, trail = list((kp and kp.lead_us) or []), list((kp and kp.trail_us) or [])
     cost = trace.timing_cost_us() or []
-    hosts = list((kp and kp.plain_host_us) or []), list((kp and kp.timed_host_us) or [])
+    lists = [list(getattr(kp, name, None) or []) for name in
+             ("plain_host_us", "timed_host_us", "plain_bracket_us", "timed_bracket_us")]
+    launched = {name: list(xs) for name in LAUNCHED if (xs := getattr(kp, f"launch_{name}_us", None))}
     kept = trace.kept_pairs()
     if kept is None:
-        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail, cost, *hosts)
+        return Tokens(list(trace.token_wall_us), list(trace.kernel_pass_wall_us), groups, lead, trail, cost, *lists,
+                      launched)
     pick = lambda xs: [xs[i] for i in kept] if len(xs) >= len(groups) else xs
     return Tokens([trace.token_wall_us[i] for i in kept], [trace.kernel_pass_wall_us[i] for i in kept],
-                  {i: groups[i] for i in kept}, pick(lead), pick(trail), pick(cost), *map(pick, hosts))
+                  {i: groups[i] for i in kept}, pick(lead), pick(trail), pick(cost), *map(pick, lists),
+                  {name: pick(xs) for name, xs in launched.items()})
 
 
 # --- causes of a role's gap ----------------------------------------------------------------------
@@ -367,7 +416,7 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
                  f"that is slower", floor_us=floor_us)
     roles = _role_lines(trace, per_token, bound, target, load_bytes, notes)
     boundaries = _boundary_lines(trace, per_token, bound)
-    overheads, overlap, outside = _overhead_lines(trace, tokens, target, notes)
+    overheads, overlap, checks = _overhead_lines(trace, tokens, target, notes)
     if roles and target.fact(RESIDENT_FACT) is None:
         notes.append(f"the target lacks {RESIDENT_FACT}: launches are not capped at what can be resident")
     timing = trace.kernel_pass.timing if trace.kernel_pass else None
@@ -379,7 +428,8 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
     return Account(wall_us=fmean(tokens.walls), floor_us=floor_us, lines=[floor, *roles, *boundaries, *overheads],
                    kernel_sum_us=_mean_of(per_token, "kernels"), kernel_pass_wall_us=pass_wall, overlap_us=overlap,
                    tokens_used=len(groups), target=bound.target, context=bound.context, load_bytes=load_bytes,
-                   timing=timing, outside_span_us=outside, lead_us=lead, trail_us=trail, notes=notes)
+                   timing=timing, lead_us=lead, trail_us=trail, notes=notes,
+                   kernels_per_token=fmean(len(ks) for ks in groups.values()), **checks)
 
 
 def _token_sums(kernels: list[Kernel]) -> dict[str, float]:
@@ -521,14 +571,17 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
 
 
 def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
-                    notes: list[str]) -> tuple[list[Line], float, float | None]:
-    """Gaps and overlap from the device timeline, launch and sync from the target's measured fact; and
-    the overlap (the inflation check needs it) and the time the timed tokens spent outside their
-    device span (a check on the launch fact, never a line)."""
+                    notes: list[str]) -> tuple[list[Line], float, dict[str, float | None]]:
+    """Gaps and overlap from the device timeline; the timing's cost; launch and sync measured on the token, or
+    from the target's measured fact. Also the overlap (the inflation check needs it) and the checks, never
+    lines: the time the tokens spent outside their device span (the timed ones, or those timed per launch),
+    what the timing cost, and the plain tokens' time outside their brackets against what the lines count."""
     groups = tokens.groups
+    n = len(groups)
     timelines = [timeline(ks) for ks in groups.values()]
     overheads: list[Line] = []
-    overlap, outside = 0.0, None
+    overlap = 0.0
+    checks: dict[str, float | None] = {}
     if all(t is not None for t in timelines):
         gaps = fmean(t.gaps_us for t in timelines)
         overlap = fmean(t.overlap_us for t in timelines)
@@ -549,28 +602,42 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
             overheads.append(Line("gaps between kernels", "gap", gaps, "gap", f"idle device time between consecutive "
                                   f"kernels (biggest gap {_us(max(0.0, biggest))})"))
         overheads.append(Line("overlap", "overlap", -overlap, "overlap", "kernels running at the same time"))
-        if len(tokens.pass_walls) == len(groups):
-            outside = fmean(w - t.span_us for w, t in zip(tokens.pass_walls, timelines))
+        if len(tokens.pass_walls) == n:
+            checks["outside_span_us"] = fmean(w - t.span_us for w, t in zip(tokens.pass_walls, timelines))
     else:
         notes.append("some kernels lack start_us: gaps and overlap are not measured")
+        timelines = []
+    launched = tokens.launched if all(len(tokens.launched.get(k, [])) == n
+                                      for k in ("wall", "span", "lead", "trail")) else {}
+    if launched:
+        checks["launch_wall_us"] = fmean(launched["wall"])
+        checks["outside_span_us"] = fmean(w - s for w, s in zip(launched["wall"], launched["span"]))
     facts = [target.facts.get(name) for name in LAUNCH_FACTS]
     bracketed = all(f is not None and f.method == BRACKETED for f in facts)
     cost = None
     if tokens.timing_cost:
-        us = fmean(tokens.timing_cost)
+        us = checks["timing_cost_us"] = fmean(tokens.timing_cost)
+        how = (f"the timed tokens' device span less that of the token timed per launch beside each (CUPTI's graph "
+               f"records, no kernel recorded; {len(tokens.timing_cost)} pair(s))" if launched else
+               f"the timed tokens' brackets less the plain tokens' (brackets before the first launch and after the "
+               f"last, {len(tokens.timing_cost)} pair(s))")
         cost = Line("timing's cost", "timing", -us, "timing",
-                    f"the timed tokens' brackets less the plain tokens' ({_us(us)}; brackets before the first "
-                    f"launch and after the last, {len(tokens.timing_cost)} pair(s)): what the timing added inside "
-                    f"the span, taken back out")
-    # Measured on the token where the timing's own cost is measured apart too (brackets); elsewhere (older
-    # traces) the launch facts, which are net of that cost unless BRACKETED, bridge plain and timed tokens.
-    host = _host_lines(tokens) if cost else []
+                    f"{how}: {_us(us)}, {us / fmean(len(ks) for ks in groups.values()):.3g} µs a kernel, what the "
+                    f"timing added inside the span, taken back out")
+    # Measured on the token where the timing's own cost is measured apart too; elsewhere (older traces) the launch
+    # facts, which are net of that cost unless BRACKETED, bridge plain and timed tokens.
+    host = (_launched_lines(tokens, launched) if launched else _host_lines(tokens)) if cost else []
     if host:
-        overheads += host + ([cost] if cost else [])
+        overheads += host + [cost]
+        if not launched and len(tokens.plain_bracket) == len(tokens.plain_host) == len(tokens.walls) and timelines:
+            checks["plain_outside_us"] = fmean(w - h - b for w, h, b in
+                                               zip(tokens.walls, tokens.plain_host, tokens.plain_bracket))
+            checks["counted_outside_us"] = sum(x.us for x in host[1:]) - fmean(
+                b - t.span_us for b, t in zip(tokens.timed_bracket, timelines))
         if fact_line := _launch_line(trace, groups, target, []):
             notes.append(f"launch and sync measured on this token's host ({_us(sum(x.us for x in host))}); the "
                          f"target's launch facts would have counted {_us(fact_line.us)}")
-        return overheads, overlap, outside
+        return overheads, overlap, checks
     if cost and bracketed:
         overheads.append(cost)
     elif tokens.timing_cost:
@@ -582,7 +649,32 @@ def _overhead_lines(trace: Trace, tokens: Tokens, target: Target,
     launch = _launch_line(trace, groups, target, notes)
     if launch:
         overheads.append(launch)
-    return overheads, overlap, outside
+    return overheads, overlap, checks
+
+
+def _launched_lines(tokens: Tokens, launched: dict[str, list[float]]) -> list[Line]:
+    """Launch and synchronization measured on the tokens timed per launch (CUPTI's graph records and the host's
+    graph-launch calls, on its clock): recording each kernel also slows the host's launch and its wait, so the
+    timed tokens' own are checks. The host's time before its first launch from the plain tokens where the
+    engine shows it (tinygrad's replay), else from the launch call CUPTI recorded."""
+    n = len(launched["wall"])
+    called = launched.get("host") if len(launched.get("host", [])) == n else None
+    if called is None:
+        lines = [Line("before the first kernel", "launch", fmean(launched["lead"]), "launch",
+                      f"the tokens timed per launch: their start to their first graph's start on the device, the host's "
+                      f"work and the launch together (no launch call recorded; {n} token(s))")]
+    else:
+        plain = len(tokens.plain_host) == n
+        lines = [Line("host before the first launch", "launch", fmean(tokens.plain_host if plain else called), "launch",
+                      ("the plain tokens' start to their first kernel launch, on the host" if plain else
+                       "the tokens timed per launch: their start to their first graph-launch call (the plain tokens "
+                       "show no launch)") + f" ({n} token(s))"),
+                 Line("first launch to first kernel", "launch", fmean(a - b for a, b in zip(launched["lead"], called)),
+                      "launch", f"the tokens timed per launch: their first launch call to their first graph's start "
+                                f"on the device, on the timing's clock ({n} token(s))")]
+    return lines + [Line("synchronization and read-back", "launch", fmean(launched["trail"]), "launch",
+                         f"the tokens timed per launch: their last graph's end on the device to their return, on the "
+                         f"timing's clock ({n} token(s)): waiting for the device and reading the token back")]
 
 
 def _host_lines(tokens: Tokens) -> list[Line]:

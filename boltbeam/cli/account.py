@@ -139,6 +139,15 @@ def _print_account(acc, ret, trace_path: str, model: str) -> None:
                   f"against plain: what timing the kernels cost)"]
         if acc.lead_us is not None and acc.trail_us is not None:
             checks.append(f"before the first kernel {acc.lead_us:,.2f} µs, after the last {acc.trail_us:,.2f} µs")
+        if acc.launch_wall_us is not None:
+            checks.append(f"tokens timed per launch {acc.launch_wall_us:,.2f} µs "
+                          f"({acc.launch_wall_us / acc.wall_us - 1:+.2%} against plain)")
+        if acc.timing_cost_per_kernel_us is not None:
+            checks.append(f"the timing's cost {acc.timing_cost_us:,.2f} µs a token, "
+                          f"{acc.timing_cost_per_kernel_us:.3g} µs a kernel over {acc.kernels_per_token:,.0f}")
+        if acc.plain_outside_us is not None:
+            checks.append(f"plain tokens outside their brackets {acc.plain_outside_us:,.2f} µs, the lines count "
+                          f"{acc.counted_outside_us:,.2f} µs")
         c.print(f"checks, not lines ({escape(acc.timing or 'timing not recorded')}): " + "; ".join(checks))
     for note in acc.notes:
         c.print(f"note: {escape(note)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import statistics
 from typing import Any
@@ -35,6 +36,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="TRACE.json", help="where to write the trace")
     p.add_argument("--host-profile", metavar="FILE", help="after the measured tokens, decode as many more under "
                    "Python's profiler and write where the host's time went (tinygrad; not with --timing launch)")
+    p.add_argument("--reference", action="store_true", help="decode the same prompt ids through llama.cpp too (its "
+                   "Python binding, llama-cpp-python) and compare its greedy tokens with tinygrad's, step by step: exit "
+                   "3 when any differs (tinygrad; the trace keeps llama.cpp's tokens)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_profile)
 
@@ -99,7 +103,9 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     prepare = families(route, family_flags(args))      # before minutes of loading: a bad setting is one line now
     from boltbeam.measure.tinygrad_run import profile
     host = getattr(args, "host_profile", None)      # (profile's flag; audit has none)
-    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)) as tick:
+    per_launch = args.tokens if args.device == "CUDA" and args.timing in (None, "cupti") else 0   # tokens timed per launch
+    with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)
+                     + per_launch) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
                        timing=args.timing, route=route,
@@ -122,14 +128,40 @@ def _decode_bar(first: str, total: int):
 
 def _profile(args: argparse.Namespace) -> int:
     from boltbeam.cli.read import resolve_model
+    from boltbeam.judge.judge import PASS
     from boltbeam.measure.unread import unread_tensors
     from boltbeam.read.census import take_census
     model = resolve_model(args)
+    if args.reference:
+        if args.engine != "tinygrad":
+            raise BadInput("--reference compares tinygrad's tokens with llama.cpp's: not with --engine llama.cpp")
+        if importlib.util.find_spec("llama_cpp") is None:      # before minutes of profiling
+            raise BadInput("--reference decodes through llama.cpp: it needs llama-cpp-python (pip install "
+                           "llama-cpp-python)")
     trace = decode_trace(args, model)
+    gate = _reference(trace, model) if args.reference else None
     code = _save_and_summarize(trace, args, f"profiled {model}")
+    if gate is not None:
+        report.console().print(gate.sentence)
+        if gate.status != PASS:
+            raise Refused(f"{gate.sentence} (the trace is written to {args.out})")
     if (unread := unread_tensors(trace, take_census(model))) is not None and not unread.complete:
         raise Refused(f"{unread.sentence()} (the trace is written to {args.out})")
     return code
+
+
+def _reference(trace: Trace, model: str):
+    """llama.cpp's greedy tokens on the trace's own prompt ids, kept in the trace, against tinygrad's (the judge's
+    reference gate, no tolerance)."""
+    from boltbeam.judge.judge import reference_gate
+    from boltbeam.measure.llama_cpp_run import reference_tokens
+    from boltbeam.measure.tinygrad_run import prompt_tokens
+    from boltbeam.read.census import take_census
+    prompt = prompt_tokens(trace.workload["context"], take_census(model).facts.vocabulary)
+    with _decode_bar("llama.cpp's reference tokens", len(trace.output_tokens) - 1) as tick:
+        tokens, engine = reference_tokens(model, prompt, len(trace.output_tokens) - 1, tick)
+    trace.provenance["reference"] = {"engine": engine, "output_tokens": tokens}
+    return reference_gate(trace, engine, tokens, 0.0)
 
 
 def decode_trace(args: argparse.Namespace, model: str) -> Trace:
@@ -153,7 +185,7 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
     if getattr(args, "host_profile", None):
         raise BadInput("--host-profile profiles tinygrad's decode in this process: not with --engine llama.cpp")
     from boltbeam.measure.llama_cpp_run import profile
-    with _decode_bar("loading", 1 + args.warmup + 2 * args.tokens) as tick:
+    with _decode_bar("loading", 1 + args.warmup + 3 * args.tokens) as tick:
         return profile(model, context=args.context, tokens=args.tokens, warmup=args.warmup,
                        model_hash=not args.no_hash, progress=tick)
 

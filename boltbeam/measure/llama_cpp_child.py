@@ -27,23 +27,30 @@ class Request:
     tokens: int
     warmup: int
     out: str            # where the RawRun goes
+    timed: bool = True  # False: the greedy tokens alone, `tokens` steps after the prefill, nothing timed (a reference)
 
 
 @dataclass
 class RawRun:
-    """What the child measured, before any interpretation."""
+    """What the child measured, before any interpretation. Timed tokens alternate: one timed per kernel, then
+    one timed per launch; marks on CUPTI's clock before each `llama_decode` and after its token is read back."""
     walls_us: list[float]               # plain tokens
-    timed_walls_us: list[float]         # tokens CUPTI timed
-    marks_ns: list[tuple[int, int]]     # per timed token, CUPTI's clock before and after it
+    timed_walls_us: list[float]         # tokens timed per kernel
+    marks_ns: list[tuple[int, int]]     # per timed token (each kind, in the order they ran), CUPTI's clock
     output_tokens: list[int]
     binding: str                        # llama-cpp-python's version
     cupti_python: str
     records: list[tuple[str, list[int], list[int], int, int, int]]   # name, grid, block, graph id, start, end (ns)
+    launch_walls_us: list[float]        # tokens timed per launch
+    graphs: list[tuple[int, int, int, int]]    # graph id, launch correlation, start, end (ns)
+    calls: list[tuple[int, int]]        # graph-launch calls: correlation, start (ns)
+    notes: list[str]
 
-    def kernel_records(self):
-        from boltbeam.measure.graph_timing import KernelRecord, LaunchFacts
-        return [KernelRecord(LaunchFacts(name, tuple(grid), tuple(block)), graph, start, end)
-                for name, grid, block, graph, start, end in self.records]
+    def cupti_records(self):
+        from boltbeam.measure.graph_timing import GraphRecord, KernelRecord, LaunchCall, LaunchFacts, Records
+        return Records([KernelRecord(LaunchFacts(name, tuple(grid), tuple(block)), graph, start, end)
+                        for name, grid, block, graph, start, end in self.records],
+                       [GraphRecord(*g) for g in self.graphs], [LaunchCall(*c) for c in self.calls])
 
 
 def _binding():
@@ -84,12 +91,13 @@ class _Engine:
         self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
 
     def decode(self, tokens: list[int]) -> int:
-        """Run the tokens (one batch), read the last logits back: the greedy next token."""
+        """Run the tokens (one batch), wait for the device, read the last logits back: the greedy next token."""
         import numpy as np
         lc = self.lc
         arr = (lc.llama_token * len(tokens))(*tokens)
         if lc.llama_decode(self.ctx, lc.llama_batch_get_one(arr, len(tokens))) != 0:
             raise Refused("llama.cpp could not decode the batch")
+        lc.llama_synchronize(self.ctx)
         logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, -1), shape=(self.vocab,))
         return int(logits.argmax())
 
@@ -99,44 +107,61 @@ def _tick(stage: str) -> None:
 
 
 def run(req: Request) -> RawRun:
-    """Prefill, warm up, plain tokens, then CUPTI on and the timed tokens, flushed once."""
+    """Prefill, warm up, plain tokens, then CUPTI on and the timed tokens, each timed per kernel and then one
+    timed per launch, flushed once."""
     prompt, tokens, warmup = req.prompt, req.tokens, req.warmup
     lc = _binding()
     llm = _Engine(lc, req.model, req.n_ctx)
     if max(prompt) >= llm.vocab:
         raise BadInput(f"the prompt holds token {max(prompt)}; llama.cpp's vocabulary has {llm.vocab}")
-    from boltbeam.measure.graph_timing import Cupti    # imports cupti in start(), after the load
-    cupti = Cupti()
+    if req.timed:
+        from boltbeam.measure.graph_timing import Cupti    # imports cupti in start(), after the load
+        cupti = Cupti()
     out = []
     for i in range(0, len(prompt), 512):
         nxt = llm.decode(prompt[i:i + 512])
     out.append(nxt)
     _tick("prefill")
 
-    def step() -> float:
-        t0 = time.perf_counter()
+    def step(clock=time.perf_counter_ns) -> tuple[int, int]:
+        """One token: the clock before `llama_decode` and after the token is read back."""
+        before = clock()
         out.append(llm.decode([out[-1]]))
-        return (time.perf_counter() - t0) * 1e6
+        return before, clock()
 
+    if not req.timed:
+        for _ in range(tokens):
+            step()
+            _tick("reference")
+        return RawRun([], [], [], out, lc.__version__, "", [], [], [], [], [])
     for _ in range(warmup):
         step()
         _tick("warm-up")
     walls = []
     for _ in range(tokens):
-        walls.append(step())
+        before, after = step()
+        walls.append((after - before) / 1e3)
         _tick("plain")
     cupti.start()
-    marks, timed_walls = [], []
+    marks, timed_walls, launch_walls, notes = [], [], [], []
     for _ in range(tokens):
-        before = cupti.now_ns()
-        timed_walls.append(step())
-        marks.append((before, cupti.now_ns()))
+        cupti.per_kernel()
+        marks.append(step(cupti.now_ns))
+        timed_walls.append((marks[-1][1] - marks[-1][0]) / 1e3)
         _tick("timed")
+        if notes or (said := cupti.per_launch()):
+            notes = notes or [said]
+            continue
+        marks.append(step(cupti.now_ns))
+        launch_walls.append((marks[-1][1] - marks[-1][0]) / 1e3)
+        _tick("timed per launch")
     records = cupti.stop()
     from importlib.metadata import version
     return RawRun(walls, timed_walls, marks, out, lc.__version__, version("cupti-python"),
                   [(r.facts.name, list(r.facts.grid), list(r.facts.block), r.graph_id, r.start_ns, r.end_ns)
-                   for r in records])
+                   for r in records.kernels], launch_walls,
+                  [(g.graph_id, g.correlation, g.start_ns, g.end_ns) for g in records.graphs],
+                  [(c.correlation, c.start_ns) for c in records.calls], notes)
 
 
 def main() -> int:

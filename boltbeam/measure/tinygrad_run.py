@@ -10,6 +10,9 @@ Plain tokens and timed tokens over one loaded model:
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
     JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
     by one instead, where no in-graph timing can be had, and the trace says so.
+  - on CUDA, beside each timed token one timed per launch: CUPTI's graph records alone (each graph's
+    device start and end, no kernel instrumented), so the device time recording every kernel adds,
+    and the launch and sync of a token nearly plain, are measured on the tokens themselves.
   Per timed token the trace also keeps the JIT replays and graph launches the host made, and per
   token (plain and timed) the host's time before its first launch and its bracket: the
   account counts launch and synchronization cost on them.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import dataclasses
 import datetime as dt
 import os
 import pathlib
@@ -36,8 +40,9 @@ from typing import Any, Callable
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import replaceable, sha256_file, write_atomic
-from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Segment, dims3, hcq_times,
-                                           match_records, split_by_token)
+from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, LaunchTimed, Segment, alternate, dims3,
+                                           hcq_times, launch_fields, launch_timed, match_records,
+                                           split_by_token)
 from boltbeam.measure import seam
 from boltbeam.measure.prepared import Prepared
 from boltbeam.measure.route import SWITCH, Route, routed_label
@@ -295,8 +300,9 @@ def cupti_timeline(calls: list[Call], records: list[KernelRecord], where: str) -
     return [(l, r.start_ns, r.end_ns, n) for (n, ls), rs in zip(launches, matched) for l, r in zip(ls, rs)], copies
 
 
-def hcq_timeline(calls: list[Call], where: str) -> Timed:
-    """The token's kernels with the timestamps their graphs wrote, by place in the graph."""
+def hcq_timeline(calls: list[Call], stamps: list[list[tuple[int, int]] | None], where: str) -> Timed:
+    """The token's kernels with the timestamps their graphs wrote (`stamps`: each call's, read as the token
+    ended: a graph's hold only its last replay), by place in the graph."""
     timed, seen = [], set()
     for n, c in enumerate(calls):
         if c.graph is None:
@@ -308,7 +314,7 @@ def hcq_timeline(calls: list[Call], where: str) -> Timed:
             raise Refused(f"adapter-incomplete: {where}: one graph replayed twice in a token; its timestamps "
                           f"hold only the last replay")
         seen.add(id(c.graph))
-        for launch, times in zip(c.launches(), hcq_times(c.graph), strict=True):
+        for launch, times in zip(c.launches(), stamps[n], strict=True):
             if launch is not None and launch.op == "kernel":
                 timed.append((launch, *times, n))
     return timed
@@ -503,7 +509,8 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
     passes = 3 if timing == "hcq" else 2               # hcq captures a second JIT for its timed tokens
-    needed = len(prompt) + passes * warmup + (3 if host_profile else 2) * tokens + 2
+    # plain and timed tokens, one more timed per launch beside each timed one on CUDA, and the host profile's
+    needed = len(prompt) + passes * warmup + (2 + (timing == "cupti") + bool(host_profile)) * tokens + 2
     max_context = kv_positions(census, needed)
     if census.facts.context_length and needed > census.facts.context_length:
         raise BadInput(f"context {context} plus {needed - len(prompt)} decoded tokens exceeds the model's "
@@ -645,31 +652,63 @@ class _Run:
         with Context(PROFILE=1, BEAM=self.beam):
             for _ in range(self.warmup):
                 self._next("warm-up")
-        steps, timed = [], []
+        steps, timed, stamps = [], [], []
         for _ in range(self.tokens):
             net.rollout_jit = plain
             steps.append(self._next("plain"))
             net.rollout_jit = timed_jit
-            t = self._timed("timed")
-            t.timeline = hcq_timeline(t.calls, where)   # a graph's timestamps hold only its last replay
-            timed.append(t)
+            timed.append(self._timed("timed"))
+            # only the stamps now (a graph's hold only its last replay): the launches' facts after the last token,
+            # so no plain token follows the host's work on the one before
+            stamps.append([hcq_times(c.graph) if c.graph is not None else None for c in timed[-1].calls])
         net.rollout_jit = plain
+        for t, s in zip(timed, stamps):
+            t.timeline = hcq_timeline(t.calls, s, where)
         return steps, timed, []
 
     def _cupti(self, where: str) -> tuple[list[_Step], list[_TimedToken], list[str]]:
-        """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), flushed once."""
+        """Plain tokens, then CUPTI on (after the capture, so it sees the graphs' kernels), each timed token
+        followed by one timed per launch (CUPTI's per-kernel activity off), flushed once."""
         from tinygrad import Context
         steps = [self._next("plain") for _ in range(self.tokens)]
         self.cupti.start()
         self.rec.clock = self.cupti.now_ns   # the timed tokens' marks on CUPTI's clock, as their kernels
+        timed, launched, notes = [], [], []
         with Context(BEAM=self.beam):
-            timed = [self._timed("timed") for _ in range(self.tokens)]
-        marks = [t.marks_ns[0] for t in timed] + [self.cupti.now_ns()]
+            for _ in range(self.tokens):
+                self.cupti.per_kernel()
+                timed.append(self._timed("timed"))
+                if notes or (said := self.cupti.per_launch()):
+                    notes = notes or [said]
+                    continue
+                launched.append(self._timed("timed per launch"))
+        records = self.cupti.stop()
+        self.decoded_per_launch = len(launched)
+        if len(launched) != len(timed):     # CUPTI refused graph records (or refused them part way): none kept
+            launched = []
+        if launched:
+            marks = [t.marks_ns for pair in zip(timed, launched) for t in pair]
+            per_token, graphs, calls = alternate(records, marks, where)
+        else:
+            marks = [t.marks_ns[0] for t in timed] + [timed[-1].marks_ns[1] + 1]
+            per_token = split_by_token(records.kernels, marks, where)
         copies = 0
-        for i, (t, records) in enumerate(zip(timed, split_by_token(self.cupti.stop(), marks, where))):
-            t.timeline, copies = cupti_timeline(t.calls, records, f"{where}, token {i}")
-        notes = [f"{copies} copy(ies) per token are not kernel records: their time lies in the gaps or outside the "
-                 f"device span"] if copies else []
+        for i, (t, rs) in enumerate(zip(timed, per_token)):
+            t.timeline, copies = cupti_timeline(t.calls, rs, f"{where}, token {i}")
+        if copies:
+            notes.append(f"{copies} copy(ies) per token are not kernel records: their time lies in the gaps or outside "
+                         f"the device span")
+        if any(c.graph is None and c.launches()[0].op == "kernel" for t in launched for c in t.calls):
+            notes.append("kernels ran outside graphs, which graph records do not see: the tokens timed per launch are "
+                         "left out")
+        elif launched:
+            # the host's time to its first launch as tinygrad's hook marks it, as the plain tokens' (the launch call
+            # CUPTI sees comes after tinygrad has prepared the graph's arguments)
+            self.launched = [dataclasses.replace(launch_timed(t.marks_ns, t.step.wall_us, g, c,
+                                                              sum(1 for x in t.calls if x.graph is not None),
+                                                              f"{where}, token {i} timed per launch"),
+                                                 host_us=t.step.host_us)
+                             for i, (t, g, c) in enumerate(zip(launched, graphs, calls))]
         return steps, timed, notes
 
     def _launch(self, where: str) -> tuple[list[_Step], list[_TimedToken], list[str]]:
@@ -690,6 +729,8 @@ class _Run:
                 timed.append(t)
         return steps, timed, []
 
+    launched: list[LaunchTimed] = []              # the tokens timed per launch beside the timed ones (CUDA)
+    decoded_per_launch = 0                        # tokens decoded as such (kept in `launched` or not)
     route: tuple[str, Route, Any] | None = None   # (path, route, the kernels it applied to) when routed
 
     def _route(self) -> dict[str, Any]:
@@ -730,7 +771,7 @@ class _Run:
                                       bytes=launch.mem, flops=launch.ops, global_size=launch.global_size,
                                       local_size=launch.local_size, opts=launch.opts, reads_buffers=len(launch.reads),
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))
-        first_timed = len(self.prompt) + len(self.out_tokens) - len(timed)
+        first_timed = len(self.prompt) + len(self.out_tokens) - len(timed) - self.decoded_per_launch
         marked = all(t.marks_ns for t in timed)
         steps = plain + [t.step for t in timed]
         bracketed = all(s.bracket_us is not None for s in steps)
@@ -738,7 +779,8 @@ class _Run:
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
             workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
-                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timed)))
+                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timed) + self.decoded_per_launch,
+                                                       2 if self.decoded_per_launch else 1))
                       if self.rec.timing != "hcq" else None,
                       "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
             route=self._route(),
@@ -751,7 +793,8 @@ class _Run:
                                    plain_bracket_us=[s.bracket_us for s in plain] if bracketed else None,
                                    timed_bracket_us=[t.step.bracket_us for t in timed] if bracketed else None,
                                    plain_host_us=[s.host_us for s in plain] if hosted else None,
-                                   timed_host_us=[t.step.host_us for t in timed] if hosted else None),
+                                   timed_host_us=[t.step.host_us for t in timed] if hosted else None,
+                                   **launch_fields(self.launched)),
             provenance={"source": "profile", "tool_version": __version__,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"

@@ -14,6 +14,7 @@ Layout (version 1)::
   kernel_pass_wall_us:  wall time of each timed token (the kernel pass), µs (may be empty)
   kernel_pass: timing (a key of TIMINGS: how the kernels were timed), per measured token the JIT
                calls and graph launches the host made (what launch and sync cost is counted on),
+               host marks and brackets, and the tokens timed per launch beside them (CUDA),
                or null (older traces, importers)
   kernels:     one event per kernel of the timed tokens: token, index, name,
                start_us (from the token's first kernel, one device timeline) or null,
@@ -72,6 +73,15 @@ class KernelPass:
     # launch (tinygrad's JIT replay in Python), on the host (the timing's clock for measured tokens)
     plain_host_us: list[float] | None = None
     timed_host_us: list[float] | None = None
+    # Tokens timed per launch, not per kernel (CUDA: CUPTI's graph records, its per-kernel activity off),
+    # interleaved with the measured ones, one beside each: per such token its wall, its launches' device span,
+    # and on the timing's clock its start to its first launch call (null where not seen), to its first
+    # launch's device start, and its last launch's device end to its return
+    launch_wall_us: list[float] | None = None
+    launch_span_us: list[float] | None = None
+    launch_host_us: list[float] | None = None
+    launch_lead_us: list[float] | None = None
+    launch_trail_us: list[float] | None = None
 
     @property
     def in_graph(self) -> bool:
@@ -116,20 +126,32 @@ class Trace:
 
     def kept_pairs(self, trim: float = PAIR_TRIM) -> list[int] | None:
         """The timed tokens an account averages over: each paired with the plain token of its index (run
-        beside it where the timing interleaves them), the `trim` of pairs whose plain-minus-timed wall is
-        lowest and the `trim` where it is highest left out (a machine that changed speed within a
-        pair). None when the trace cannot pair them (no timed wall per timed token, or too few plain ones)."""
+        beside it where the timing interleaves them), the `trim` of pairs whose plain wall less the wall
+        beside it is lowest and the `trim` where it is highest left out (a machine that changed speed within
+        a pair). Beside it: the token timed per launch, where the trace has them; else the timed token less
+        what its timing added, where measured (brackets): what the timing costs is no change of speed. None when the trace cannot pair them (no timed wall per timed token, or too few plain ones)."""
         tokens = sorted({k.token for k in self.kernels})
         if tokens != list(range(len(tokens))) or not len(self.kernel_pass_wall_us) == len(tokens) <= len(self.token_wall_us):
             return None
-        order = sorted(tokens, key=lambda i: self.token_wall_us[i] - self.kernel_pass_wall_us[i])
+        kp = self.kernel_pass
+        if kp and kp.launch_wall_us and len(kp.launch_wall_us) == len(tokens):   # the token timed per launch beside it
+            beside = kp.launch_wall_us
+        else:   # the timed token, less what its timing added where that was measured
+            cost = self.timing_cost_us() or [0.0] * len(tokens)
+            beside = [w - c for w, c in zip(self.kernel_pass_wall_us, cost)]
+        order = sorted(tokens, key=lambda i: self.token_wall_us[i] - beside[i])
         drop = int(trim * len(order))
         return sorted(order[drop:len(order) - drop])
 
     def timing_cost_us(self) -> list[float] | None:
-        """Per timed token, the device time its timing added: its bracket less the plain token's of the
-        same index (None without brackets)."""
+        """Per timed token, the device time its per-kernel timing added: its kernels' span less the span of
+        the token timed per launch beside it, or else its bracket less the plain token's of the same index
+        (None with neither)."""
         kp = self.kernel_pass
+        if kp and kp.launch_span_us and len(kp.launch_span_us) == len(groups := self.by_token()):
+            spans = [timeline(ks) for ks in groups.values()]
+            if all(spans):
+                return [t.span_us - s for t, s in zip(spans, kp.launch_span_us)]
         if kp is None or not kp.plain_bracket_us or not kp.timed_bracket_us:
             return None
         return [t - p for p, t in zip(kp.plain_bracket_us, kp.timed_bracket_us)]

@@ -8,8 +8,14 @@ __version__ = "0.0-fake"
 LLAMA_LOAD_MODE_MMAP = 1
 LLAMA_FLASH_ATTN_TYPE_ENABLED = 1
 llama_token = ctypes.c_int32
-RECORDS = []          # what the fake CUPTI reports: one (name, grid, block, graph, start, end) per kernel
-_state = {}
+# What the fake CUPTI reports, of the kinds it has enabled (ACTIVE): one (name, grid, block, graph, start, end) a
+# kernel, one (graph, correlation, start, end) a graph, one (correlation, start) a graph-launch call
+RECORDS, GRAPHS, CALLS, ACTIVE = [], [], [], set()
+# A decode step's times, as on a GPU (µs): the host's work before it launches its one graph, the launch to the first
+# kernel, each kernel; what recording kernels costs each kernel on the device, and the host at the launch
+HOST_US, LATENCY_US, KERNEL_US = 1500, 400, 30
+KERNEL_COST_US, CUPTI_HOST_US = 2, 5000
+_state = {"calls": 0}
 
 
 def llama_backend_init():
@@ -60,15 +66,34 @@ def llama_batch_get_one(arr, n):
     return n
 
 
-def llama_decode(ctx, n):
-    t = time.perf_counter_ns()
-    for g in _state["grids"]:
-        RECORDS.append(("rms_norm_f32", [1, 1, 1], [1024, 1, 1], 7, t, t + 1000))
-        RECORDS.append(("mul_mat_vec_q", [g, 1, 1], [32, 4, 1], 7, t + 1000, t + 3000))
-        t += 3000
-    while time.perf_counter_ns() < t:   # the kernels "run" within the call, as a synchronizing decode's do
+def _spin_until(t_ns):
+    while time.perf_counter_ns() < t_ns:
         pass
+
+
+def llama_decode(ctx, n):
+    """Builds the step on the host, launches its graph and returns: the kernels run after, on the "device"."""
+    per_kernel = "CONCURRENT_KERNEL" in {getattr(k, "name", k) for k in ACTIVE}
+    _spin_until(time.perf_counter_ns() + 1000 * (HOST_US + (CUPTI_HOST_US if per_kernel else 0)))
+    launch = time.perf_counter_ns()
+    _state["calls"] += 1
+    if "launch calls" in ACTIVE:
+        CALLS.append((_state["calls"], launch))
+    t = first = launch + 1000 * LATENCY_US
+    kernel = 1000 * (KERNEL_US + (KERNEL_COST_US if per_kernel else 0))
+    for g in _state["grids"]:
+        if per_kernel:
+            RECORDS.append(("rms_norm_f32", [1, 1, 1], [1024, 1, 1], 7, t, t + kernel // 3))
+            RECORDS.append(("mul_mat_vec_q", [g, 1, 1], [32, 4, 1], 7, t + kernel // 3, t + kernel))
+        t += kernel
+    if "GRAPH_TRACE" in {getattr(k, "name", k) for k in ACTIVE}:
+        GRAPHS.append((7, _state["calls"], first, t))
+    _state["end"] = t
     return 0
+
+
+def llama_synchronize(ctx):
+    _spin_until(_state["end"])
 
 
 def llama_get_logits_ith(ctx, i):
