@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 
 from boltbeam import __version__, files, units
@@ -20,7 +21,16 @@ OUTPUTS = ("out", "chrome", "host_profile")
 class _Parser(argparse.ArgumentParser):
     # argparse exits 2 on bad arguments already; keep its one-line message, drop the usage dump.
     def error(self, message: str):
-        self.exit(2, f"boltbeam: error: {message}\n")
+        self.exit(2, f"boltbeam: error: {one_line(message)}\n")
+
+
+# Characters that would break the one line a refusal is: newlines and every other control character (a path,
+# a flag's value or a name in a file the message quotes may hold them), written as escapes.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             files.check_outputs(_outputs(args))
             code = args.func(args)
     except BadInput as e:
-        print(f"boltbeam: error: {e}", file=sys.stderr)
+        print(f"boltbeam: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except Refused as e:
-        print(f"boltbeam: refused: {e}", file=sys.stderr)
+        print(f"boltbeam: refused: {one_line(str(e))}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print("boltbeam: interrupted", file=sys.stderr)
@@ -76,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno != errno.ENAMETOOLONG:
             raise
-        print(f"boltbeam: error: {e.filename}: a name longer than the file system allows", file=sys.stderr)
+        print(f"boltbeam: error: {one_line(str(e.filename))}: a name longer than the file system allows",
+              file=sys.stderr)
         return 2
     return code or 0
 

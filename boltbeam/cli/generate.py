@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import sys
 import time
@@ -14,6 +15,10 @@ from boltbeam.errors import BadInput
 
 # The JIT captures on the second decode call: the tokens before the third carry compile time, not decode.
 CAPTURED_AFTER = 2
+# tinygrad.llm's tokenizer merges each word's bytes in time that grows with the square of its length (4,000
+# letters take seconds, 16,000 a minute): a prompt's runs of one kind of character are held to this many.
+LONGEST_RUN = 256
+_RUNS = re.compile(r"[^\W\d_]+|\s+|(?:[^\w\s]|_)+")     # letters; spaces; neither letters, digits nor spaces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,15 +48,17 @@ def run_generate(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-tokens must be at least 1, not {args.max_tokens}")
     model = resolve_model(args)
     census = take_census(model)
+    limit = census.facts.context_length or MOST_POSITIONS
+    kv = use.tokenizer_kv(model)
+    _check_prompt(args.prompt, max(map(len, kv.get("tokenizer.ggml.tokens") or [""])) or 1, limit)
     os.environ["DEV"] = args.device     # tinygrad reads its device when first imported: before the tokenizer's import
     from boltbeam.measure.tinygrad_run import open_device
     open_device(args.device)            # a machine without it is one line here, before anything loads
-    tokenizer = use.tokenizer_of(use.tokenizer_kv(model))
+    tokenizer = use.tokenizer_of(kv)
     try:
         ids = tokenizer[0].prefix() + tokenizer[0].encode(args.prompt)
     except RuntimeError:      # tinygrad.llm's tokenizer: a piece its vocabulary cannot spell
         raise BadInput("the prompt holds text the model's vocabulary cannot spell") from None
-    limit = census.facts.context_length or MOST_POSITIONS
     if len(ids) + args.max_tokens > limit:
         whose = "the model's context length" if census.facts.context_length else "the most BoltBeam runs"
         raise BadInput(f"the prompt's {len(ids):,} tokens and --max-tokens {args.max_tokens:,} exceed {whose}, "
@@ -69,6 +76,21 @@ def run_generate(args: argparse.Namespace) -> int:
         for note in decoded.notes:
             print(f"note: {note}", file=sys.stderr)
     return 0
+
+
+def _check_prompt(prompt: str, longest_token: int, limit: int) -> None:
+    """Before the prompt is encoded: UTF-8 text (a byte that is not arrives as a lone surrogate), few enough
+    bytes to fit `limit` tokens of at most `longest_token` bytes each, and no run longer than LONGEST_RUN."""
+    try:
+        size = len(prompt.encode())
+    except UnicodeEncodeError as e:
+        raise BadInput(f"--prompt is not UTF-8 text (at character {e.start:,})") from None
+    if size > limit * longest_token:
+        raise BadInput(f"--prompt's {size:,} bytes are more than {limit:,} positions hold (tokens of at most "
+                       f"{longest_token} bytes)")
+    if run := next((m for m in _RUNS.finditer(prompt) if m.end() - m.start() > LONGEST_RUN), None):
+        raise BadInput(f"--prompt holds a run of {run.end() - run.start():,} characters of one kind from character "
+                       f"{run.start():,}; tinygrad.llm's tokenizer splits at most {LONGEST_RUN} at once in bounded time")
 
 
 @dataclass

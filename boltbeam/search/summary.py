@@ -124,6 +124,12 @@ def _number(x: Any, what: str, where: str) -> float:
     return float(x)
 
 
+def _names(x: Any, what: str, where: str) -> list[str]:
+    if x is not None and not (isinstance(x, list) and all(isinstance(n, str) for n in x)):
+        raise BadInput(f"{where}: {what} must be a list of kernel names")
+    return x or []
+
+
 def _kernel(k: Any, where: str) -> KernelSummary:
     if not isinstance(k, dict):
         raise BadInput(f"{where}: a per_kernel entry must be an object")
@@ -165,6 +171,7 @@ def from_dict(d: Any, where: str) -> SearchSummary:
         _count(d.get("timed_now", 0), "timed_now", where), _count(d.get("reused_from_ledger", 0), "reused_from_ledger", where),
         _count(d.get("refused_by_compiler", 0), "refused_by_compiler", where), dicts["spearman"],
         dicts["spearman_within_kernels"], dicts["futuresight"], _count(d.get("routed_kernels"), "routed_kernels", where),
-        [str(x) for x in d.get("search_space_incomplete") or []], {str(k): str(v) for k, v in dicts["unbuilt"].items()},
+        _names(d.get("search_space_incomplete"), "search_space_incomplete", where),
+        {str(k): str(v) for k, v in dicts["unbuilt"].items()},
         per_kernel, d.get("judgement") if isinstance(d.get("judgement"), dict) else None,
         d.get("judge_refused") if isinstance(d.get("judge_refused"), str) else None)
