@@ -1,11 +1,11 @@
 """Every form split attention takes, against tinygrad's own attention: each setting of spaces.toml's
 split_attention switches that Split admits (the tensor code plain, staged, carried; the generated kernels
-narrow, wide, unrolled, lanes; each generated form with the rotary kernel before it, plain or pooled), run
-through the selector the model's hook calls, on one tinygrad.llm TransformerBlock of tiny random weights
-whose output projection is the identity (its attention's output is the attention's own), at a depth of
+narrow, wide, wide unrolled, lanes, lanes unrolled; each generated form with the rotary kernel before it, plain
+or pooled), run through the selector the model's hook calls, on one tinygrad.llm TransformerBlock of tiny random
+weights whose output projection is the identity (its attention's output is the attention's own), at a depth of
 whole chunks and one that ends inside a chunk, against the same block's decode step through tinygrad's own
-norms, rotary step, cache store and scaled_dot_product_attention. On tinygrad's PYTHON device, which runs
-thread groups, local memory and barriers."""
+norms, rotary step, cache store and scaled_dot_product_attention. On tinygrad's PYTHON device, which runs thread
+groups, local memory and barriers."""
 import itertools
 
 import numpy as np
@@ -37,8 +37,8 @@ def generated(split: attention.Split) -> set[str]:
     if not split.kernel:
         return set()
     group = HEADS // KV_HEADS
-    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else "_wide" + ("_unrolled" if split.unrolled else "")
-            if split.wide else "")
+    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else "_wide" if split.wide else "") + (
+        "_unrolled" if split.unrolled else "")
     names = {f"attention_partials_{group}x{CHUNK}{form}"}
     if split.rotary:
         names.add(f"rotary_{HEADS}x{HEAD_DIM}" + ("_pooled" if split.pooled else ""))
@@ -73,8 +73,8 @@ def block():
 
 
 def test_every_admitted_setting_is_here():
-    """The tensor code's four settings, four generated forms, each alone and with rotary, plain or pooled."""
-    assert len(SETTINGS) == 4 + 4 * 3 and len({s.flag for s in SETTINGS}) == len(SETTINGS)
+    """The tensor code's four settings, five generated forms, each alone and with rotary, plain or pooled."""
+    assert len(SETTINGS) == 4 + 5 * 3 and len({s.flag for s in SETTINGS}) == len(SETTINGS)
     assert all(s.unfit(HEAD_DIM) is None for s in SETTINGS)
 
 
@@ -113,3 +113,28 @@ def test_the_selector_leaves_the_rest_to_tinygrad():
     assert attention.decode_attention(kernel, q2, kv2, kv2, TOTAL) is None
     assert attention.decode_attention(tensor_code, q2, kv2, kv2, TOTAL) is not None
     assert attention.decode_attention(tensor_code, Tensor.empty(1, 3, 1, HEAD_DIM), kv, kv, TOTAL) is None
+
+
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_the_lanes_combine_over_more_chunks_than_a_step_takes(unrolled):
+    """lanes, with its combine's loops over the chunks plain or COMBINE_STEP chunks a step written out: 33 chunks
+    of 8 positions, more than its 32 threads take at once for their maxima and several steps for its sums, at every
+    chunk and at a depth ending inside one, against tinygrad's own attention (the cache written in the same graph)."""
+    from tinygrad import Tensor, UOp
+    rng = np.random.default_rng(5)
+    kv_heads, group, head_dim, positions, chunk = 1, 2, 8, 264, 8
+    cache = Tensor(rng.standard_normal((2, 1, kv_heads, positions, head_dim)).astype(np.float32), device=DEV).realize()
+    for depth in (100, positions):
+        q = Tensor(rng.standard_normal((1, kv_heads * group, 1, head_dim)).astype(np.float32), device=DEV).realize()
+        x = Tensor(rng.standard_normal((2, 1, kv_heads, 1, head_dim)).astype(np.float32), device=DEV).realize()
+        p = UOp.variable("start_pos", 0, positions - 1).bind(depth - 1)
+        written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
+        out = attention.decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, unrolled=unrolled, lanes=True)
+        names = {getattr(call.src[0].arg, "name", "") for call in out.linear_with_vars()[0].src}
+        assert ("attention_combine_33_lanes4_unrolled8" in names) == unrolled
+        written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
+        got = attention.decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, unrolled=unrolled, lanes=True).numpy()
+        kv = cache.numpy()
+        want = q.to("CPU").scaled_dot_product_attention(Tensor(kv[0, :, :, :depth]), Tensor(kv[1, :, :, :depth]),
+                                                        enable_gqa=True).numpy()
+        assert np.abs(got - want).max() < 1e-5, depth

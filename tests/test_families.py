@@ -265,7 +265,8 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     legal, rejected = choose.SPLIT.space(h200)
     assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
         | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes") for r in ("", ":rotary", ":rotary:pooled")} \
-        | {f"{c}:kernel:wide:unrolled{r}" for c in chunks[:-1] for r in ("", ":rotary", ":rotary:pooled")}
+        | {f"{c}:kernel{w}{r}" for c in chunks[:-1] for w in (":wide:unrolled", ":unrolled:lanes")
+           for r in ("", ":rotary", ":rotary:pooled")}
     # unrolled, a thread holds a chunk's loads of values at once: 256 positions are more than its 255 registers
     assert any("registers_per_thread" in why for why in rejected)
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
@@ -561,7 +562,8 @@ def test_profile_with_split_attention(tiny_model, profiled, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide and lanes shape the generated kernel alone")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"], "CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"],
+            "CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")

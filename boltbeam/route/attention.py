@@ -65,7 +65,7 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 class Split:
     """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
     sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and in
-    which form: narrow, wide (unrolled or not), or lanes (a thread a query head's dimension); and whether the
+    which form: narrow, wide or lanes (a thread a query head's dimension), unrolled or not; and whether the
     query and key norms, the rotary step and the cache store run as one generated kernel before them (pooled:
     a group a head, its sums of squares through local memory)."""
     chunk: int
@@ -89,7 +89,8 @@ class Split:
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
                            f"kernel takes neither; wide and lanes shape the generated kernel alone, one or the other, "
-                           f"unrolled its wide form; rotary runs before the generated kernel alone, pooled shapes rotary")
+                           f"unrolled its wide form or its lanes form; rotary runs before the generated kernel alone, "
+                           f"pooled shapes rotary")
 
     @property
     def flag(self) -> str:
@@ -97,7 +98,8 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]] (profile --split-attention)."""
+        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]] (profile
+        --split-attention)."""
         chunk, *on = flag.split(":")
         if not DIGITS.fullmatch(chunk) or on != [k for k in KNOBS if k in on]:
             raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
@@ -108,8 +110,9 @@ class Split:
     def admits(values: dict[str, int]) -> bool:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
-        if values.get("unrolled") and not values.get("wide") or values.get("wide") and values.get("lanes") \
-                or values.get("rotary") and not values.get("kernel") or values.get("pooled") and not values.get("rotary"):
+        if values.get("unrolled") and not (values.get("wide") or values.get("lanes")) \
+                or values.get("wide") and values.get("lanes") or values.get("rotary") and not values.get("kernel") \
+                or values.get("pooled") and not values.get("rotary"):
             return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
@@ -137,9 +140,10 @@ def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
 
 
 KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "rotary", "pooled")    # the family's switches, in the flag's order
-FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]"
+FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]"
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
+COMBINE_STEP = 8                                     # lanes, unrolled: chunks a combine thread reads a loop step, at once
 
 
 def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
@@ -240,16 +244,23 @@ def _reduce(size, axis: int):
     return UOp.range(size, axis, AxisType.REDUCE)        # (size may be the grid's n)
 
 
-def _fold(op, size, axis: int, body, unrolled: bool = False):
+def _fold(op, size, axis: int, body, unrolled: bool = False, step: tuple[int, int] | None = None):
     """body over a range, reduced by op (body may give several values: each reduced over the one range); a range
-    that can only be one long is its one value (tinygrad takes no such range)."""
+    that can only be one long is its one value (tinygrad takes no such range). step (steps, axis): the indices
+    taken `steps` a loop step, written out in full (their loads in flight together), body past `size` as well."""
     from tinygrad import UOp
     from tinygrad.uop.ops import AxisType
+    inner, index = (), lambda k: k
+    if step is not None:
+        inner = (UOp.range(step[0], step[1], AxisType.UNROLL),)
+        size, index = (size + step[0] - 1) // step[0], lambda k: k * step[0] + inner[0]
     if (size if isinstance(size, int) else size.vmax) == 1:
-        return body(0)
-    rng = UOp.range(size, axis, AxisType.UNROLL if unrolled else AxisType.REDUCE)
-    out = body(rng)
-    return tuple(v.reduce(rng, arg=op) for v in out) if isinstance(out, tuple) else out.reduce(rng, arg=op)
+        ranges, out = inner, body(index(0))
+    else:
+        rng = UOp.range(size, axis, AxisType.UNROLL if unrolled else AxisType.REDUCE)
+        ranges, out = (rng, *inner), body(index(rng))
+    folded = lambda v: v.reduce(*ranges, arg=op) if ranges else v
+    return tuple(map(folded, out)) if isinstance(out, tuple) else folded(out)
 
 
 def _local(slot: int, size: int, t, value):
@@ -349,16 +360,17 @@ def lanes_partials(f: Decode, O, M, Z, Q, KV):
     score = f.live(c, j).where(total * f.scale, float("-inf"))
     Sc = _local(1, G * Hd, t, score)
     row = lambda jj: (i * chunk + jj) * S             # where a query head's position sits in local memory
-    jm = _reduce(chunk, 2)
+    jm = f.over_thread(chunk, 2)
     m = Sc[row(jm)].reduce(jm, arg=Ops.MAX)           # the query head's maximum over the chunk
     E = _local(2, G * Hd, t, f.live(c, j).where((score - m).exp(), 0.0))
-    d, jv = t % Hd, _reduce(chunk, 3)                 # (one range: the values' sum and the exponentials' in one loop)
+    d, jv = t % Hd, f.over_thread(chunk, 3)           # (one range: the values' sum and the exponentials' in one loop)
     o = (E[row(jv)] * KV[f.at(g, c, 1, jv, d).valid(f.live(c, jv))].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)
     out = (g * G + i) * f.C + c
     # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
     return UOp.sink(O[out * Hd + d].store(o), M[out.valid(d.eq(0))].store(m),
                     Z[out.valid(d.eq(0))].store(E[row(jv)].reduce(jv, arg=Ops.ADD)),
-                    arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_lanes{S}", opts_to_apply=()))
+                    arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_lanes{S}{'_unrolled' if f.unrolled else ''}",
+                                   opts_to_apply=()))
 
 
 def combine(f: Decode, Y, O, M, Z=None):
@@ -385,7 +397,8 @@ def combine(f: Decode, Y, O, M, Z=None):
 def lanes_combine(f: Decode, Y, O, M, Z):
     """A group a query head, COMBINE_LANES threads a dimension, each summing every COMBINE_LANES-th chunk
     (the chunks' maxima first read a thread a chunk, their maximum through local memory), their sums added
-    through local memory (all of a dimension's threads write the same value), written in the query's type."""
+    through local memory (all of a dimension's threads write the same value), written in the query's type. Unrolled,
+    its loops over the chunks (their maxima's maximum, the sums) take COMBINE_STEP chunks a step, written out."""
     from tinygrad import UOp
     from tinygrad.uop.ops import AxisType, KernelInfo, Ops
     Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
@@ -397,19 +410,23 @@ def lanes_combine(f: Decode, Y, O, M, Z):
         cm = t + k * (R * Hd)
         return (cm < n).where(M[(h * C + cm).valid(cm < n)], float("-inf"))
     A = _local(0, R * Hd, t, _fold(Ops.MAX, -(-C // (R * Hd)), 0, chunk_max))
-    u = _reduce(n, 1)                               # (slots past R*Hd hold nothing more)
-    top = (u < R * Hd).where(A[u.valid(u < R * Hd)], float("-inf")).reduce(u, arg=Ops.MAX)
+    slot = lambda u: (u < R * Hd).where(A[u.valid(u < R * Hd)], float("-inf"))   # (slots past R*Hd hold nothing more)
+    if f.unrolled:                                  # (the slots from n on hold no chunk's maximum: -inf)
+        top = _fold(Ops.MAX, n, 1, slot, step=(COMBINE_STEP, 4))
+    else:
+        u = _reduce(n, 1)
+        top = slot(u).reduce(u, arg=Ops.MAX)
 
     def sums(k):                                    # a thread's chunks for the sums: r, r + R, ...
         c = r + k * R
         w = (c < n).where((M[(h * C + c).valid(c < n)] - top).exp(), 0.0)      # a chunk's share of one softmax
         return O[((h * C + c) * Hd + d).valid(c < n)] * w, Z[(h * C + c).valid(c < n)] * w
-    acc, z = _fold(Ops.ADD, (n + R - 1) // R, 2, sums)
+    acc, z = _fold(Ops.ADD, (n + R - 1) // R, 2, sums, step=(COMBINE_STEP, 5) if f.unrolled else None)
     B, Bz = _local(1, R * Hd, t, acc), _local(2, R * Hd, t, z)
     rr = UOp.range(R, 3, AxisType.UNROLL)
     out = B[rr * Hd + d].reduce(rr, arg=Ops.ADD) / Bz[rr * Hd + d].reduce(rr, arg=Ops.ADD)
-    return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=f"attention_combine_{C}_lanes{R}",
-                                                                             opts_to_apply=()))
+    name = f"attention_combine_{C}_lanes{R}" + (f"_unrolled{COMBINE_STEP}" if f.unrolled else "")
+    return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=name, opts_to_apply=()))
 
 
 @dataclass(frozen=True)
@@ -437,9 +454,10 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
     each key head and chunk holding a position so far; scores and exponentials through local memory; each query
     head's maximum, weighted values and their sum written out) and a combine over the chunks. k is the decode
     step's key view of the cache (1, KvH, L, Hd), L = position + 1. `wide`: wide_partials and the wide combine;
-    `unrolled` (with wide): the partials' reductions over a key row and a chunk's positions written out in full;
     `lanes`: lanes_partials (at chunks of 32, four times the wide form's threads, each with a quarter of its
-    steps) and lanes_combine; neither: narrow_partials and the narrow combine."""
+    steps) and lanes_combine; neither: narrow_partials and the narrow combine. `unrolled` (with wide or lanes):
+    the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes, the combine's
+    loops over the chunks COMBINE_STEP chunks a step, written out."""
     from tinygrad import Tensor, dtypes
     B, H, _, Hd = q.shape
     if why := unfit(chunk, Hd, wide, lanes):
