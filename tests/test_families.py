@@ -20,7 +20,7 @@ from boltbeam.account.tieout import account
 from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.route import constants, layout
-from boltbeam.search.future import Calibration
+from boltbeam.search.future import PER_KERNEL_FACT, Calibration
 from tests.test_profile import profile, refuses, refuses_routes
 
 ROWS, COLS = 8, 512
@@ -45,7 +45,7 @@ def test_every_format_the_models_use_has_the_family():
     for fmt in layout.formats_with_layout():
         assert "repacked-layout" in formats()[fmt]["routes"]
     from boltbeam.search.space import families
-    fam = families()[layout.FAMILY]        # its knobs live in spaces.toml, beside the searched families
+    fam = families()[layout.SPACE]        # its knobs live in spaces.toml, beside the searched families
     assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "form", "stacked"}
 
 
@@ -185,7 +185,7 @@ def test_bad_layout_flags_and_route_layouts(tiny_model, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--layout", "float16"], "SCALES:FORM")
     refuses(tiny_model, tmp_path, capsys, ["--layout", "float16:sideways"], "form one of")
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "tinygrad_opts"}, "layout",
-                   (({"scale_dtype": "float16", "shape": "square"}, "scale_dtype and form"),))
+                   (({"scale_dtype": "float16", "shape": "square"}, "expected the keys scale_dtype, form"),))
 
 
 def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tmp_path):
@@ -215,33 +215,33 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     from boltbeam.search import choose
     census = take_census(tiny_model)
     h200 = get_target("h200")
-    every, rejected = choose.LAYOUT.space(h200)      # no rule in chip facts: every setting is legal
+    every, rejected = choose.space(layout.FAMILY, h200)      # no rule in chip facts: every setting is legal
     flags = [s.flag for s in every]
     assert not rejected
     assert sorted(flags) == sorted(f"{d}:{f}{st}" for d in ("float16", "float32") for f in ("expanded", "factored", "kernel")
                                    for st in ("", ":stacked"))
     assert [layout.Setting.parse(f).flag for f in flags] == flags
-    b = {f: choose.predicted_bytes(census, s) for f, s in zip(flags, every)}
+    b = {f: layout.predicted_bytes(census, s) for f, s in zip(flags, every)}
     assert b["float16:expanded"] < b["float32:expanded"] < b["float32:factored"]
     assert b["float16:expanded"] < b["float16:factored"] and b["float16:expanded"] == b["float16:expanded:stacked"]
     assert b["float16:kernel"] == b["float16:expanded"]      # the generated kernel writes no partial sums
-    assert choose.predicted_products(census, layout.Setting("float16", "kernel")) == \
-        choose.predicted_products(census, layout.Setting("float16", "expanded"))
+    assert layout.predicted_products(census, layout.Setting("float16", "kernel")) == \
+        layout.predicted_products(census, layout.Setting("float16", "expanded"))
     # Stacking reads the same bytes in fewer products: each block's stacks (query and key of one format;
     # gate and up) launch one kernel each; a target's measured cost a kernel then orders them.
-    separate, stacked = (choose.predicted_products(census, layout.Setting("float16", "expanded", st))
+    separate, stacked = (layout.predicted_products(census, layout.Setting("float16", "expanded", st))
                          for st in layout.STACKS)
     blocks = census.facts.blocks
     assert stacked < separate and separate - stacked >= 2 * blocks
     unmeasured, measured = Calibration(), Calibration(bandwidth_fraction={"tensor_code": 0.2, "generated_kernel": 0.3})
-    us = {f: choose.LAYOUT.predicted(census, s, 0, h200, unmeasured).us(h200) for f, s in zip(flags, every)}
-    per_kernel = h200.fact(choose.PER_KERNEL_FACT) * 1e6
+    us = {f: layout.FAMILY.foresee(census, s, 0, h200, unmeasured).us(h200) for f, s in zip(flags, every)}
+    per_kernel = h200.fact(PER_KERNEL_FACT) * 1e6
     assert us["float16:expanded"] - us["float16:expanded:stacked"] == pytest.approx((separate - stacked) * per_kernel)
     # Unmeasured, the kernel form ties with the expanded one (the same bytes and products); measured, the
     # writer that reached more of the bandwidth goes first, by the ratio of the fractions.
     assert us["float16:kernel"] == us["float16:expanded"]
-    assert set(choose.WRITTEN_BY) == set(layout.FORMS)
-    sight = {f: choose.LAYOUT.predicted(census, s, 0, h200, measured) for f, s in zip(flags, every)}
+    assert set(layout.WRITTEN_BY) == set(layout.FORMS)
+    sight = {f: layout.FAMILY.foresee(census, s, 0, h200, measured) for f, s in zip(flags, every)}
     assert sight["float16:kernel"].memory_us * 0.3 == pytest.approx(sight["float16:expanded"].memory_us * 0.2)
     assert min(sight, key=lambda f: sight[f].us(h200)) == "float16:kernel:stacked"
     assert (sight["float16:kernel"].fraction, sight["float16:kernel"].terms) == (0.3, ("bandwidth", "measured generated_kernel"))
@@ -255,14 +255,14 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
 def test_futuresight_on_split_attention_settings(tiny_model):
     """The cache read by whole chunks (more padding with longer chunks) and the kernels the compiler
     schedules (two more a block when staged)."""
-    from boltbeam.route import attention
+    from boltbeam.route import attention, split_attention
     from boltbeam.search import choose
     census = take_census(tiny_model)
     f = census.facts
-    row = f.kv_heads * (f.head_dim + f.value_dim) * choose.KV_BYTES
+    row = f.kv_heads * (f.head_dim + f.value_dim) * split_attention.KV_BYTES
     h200, cal = get_target("h200"), Calibration()
     chunks = (16, 32, 64, 128, 256)
-    legal, rejected = choose.SPLIT.space(h200)
+    legal, rejected = choose.space(split_attention.FAMILY, h200)
     assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
         | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes") for r in ("", ":rotary", ":rotary:pooled")} \
         | {f"{c}:kernel{w}{r}" for c in chunks[:-1] for w in (":wide:unrolled", ":unrolled:lanes")
@@ -271,15 +271,15 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     assert any("registers_per_thread" in why for why in rejected)
     # The generated kernel runs thread groups: a target that declares none gets the tensor code only.
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
-    settings, rejected = choose.SPLIT.space(host)
+    settings, rejected = choose.space(split_attention.FAMILY, host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
     # (the kernel half of the 5 x 2^8 value sets; and the registers rule)
     assert rejected["the target declares no max_threads_per_group"] == 640 and len(rejected) == 2
-    unstaged = choose.split_prediction(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
+    unstaged = split_attention.foresee(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
-    staged = choose.split_prediction(census, attention.Split(32, True), 40, h200, cal)
+    staged = split_attention.foresee(census, attention.Split(32, True), 40, h200, cal)
     assert (staged.bytes, staged.kernels) == (unstaged.bytes, unstaged.kernels + 2 * f.blocks)
-    assert choose.split_prediction(census, attention.Split(16), 40, h200, cal).bytes == f.blocks * 48 * row
+    assert split_attention.foresee(census, attention.Split(16), 40, h200, cal).bytes == f.blocks * 48 * row
     # Unstaged, the values are read by the combine, one output per head and dimension; staged, by a
     # kernel with an output per chunk besides: more in flight (Little's law), so less time moving them.
     readers = lambda st: [k.outputs for k in attention.scheduled(attention.Split(32, st), f.heads, f.kv_heads,
@@ -288,19 +288,19 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     assert "little's law" in staged.terms and staged.memory_us < unstaged.memory_us
     # Carried, each chunk's sum rides with its weighted values and the denominator with the combine's
     # output: two reductions fewer a block, one division more; the same cache read.
-    carried = choose.split_prediction(census, attention.Split(32, True, True), 40, h200, cal)
+    carried = split_attention.foresee(census, attention.Split(32, True, True), 40, h200, cal)
     assert (carried.bytes, carried.kernels) == (staged.bytes, staged.kernels - f.blocks)
     # Generated: two kernels a block (partials, combine), whose loads stop at the position (41 of the two
     # chunks' 64), the partials a thread for each query head and position of the chunks so far.
-    kernel = choose.split_prediction(census, attention.Split(32, kernel=True), 40, h200, cal)
+    kernel = split_attention.foresee(census, attention.Split(32, kernel=True), 40, h200, cal)
     assert (kernel.bytes, kernel.kernels) == (f.blocks * 41 * row, 2 * f.blocks)
     assert attention.scheduled(attention.Split(32, kernel=True), f.heads, f.kv_heads, f.head_dim, 64, 40) == (
         attention.Scheduled(f.heads * 2 * 32, True), attention.Scheduled(f.heads * f.head_dim, False))
     # Wide, the same bytes and kernels, each load WIDE_KEYS values: more in flight a thread (Little's law).
-    wide = choose.split_prediction(census, attention.Split(32, kernel=True, wide=True), 40, h200, cal)
+    wide = split_attention.foresee(census, attention.Split(32, kernel=True, wide=True), 40, h200, cal)
     assert (wide.bytes, wide.kernels) == (kernel.bytes, kernel.kernels) and wide.memory_us < kernel.memory_us
     # Unrolled, a thread's whole key row in flight at once.
-    unrolled = choose.split_prediction(census, attention.Split(32, kernel=True, wide=True, unrolled=True), 40, h200, cal)
+    unrolled = split_attention.foresee(census, attention.Split(32, kernel=True, wide=True, unrolled=True), 40, h200, cal)
     assert (unrolled.bytes, unrolled.kernels) == (wide.bytes, wide.kernels) and unrolled.memory_us < wide.memory_us
     with pytest.raises(BadInput, match="unrolled its wide form"):
         attention.Split(32, kernel=True, unrolled=True)
@@ -310,17 +310,17 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     lanes = attention.Split(16, kernel=True, lanes=True)
     assert attention.scheduled(lanes, f.heads, f.kv_heads, f.head_dim, 64, 40) == (
         attention.Scheduled(f.heads * 3 * f.head_dim, True), attention.Scheduled(f.heads * f.head_dim * 4, False))
-    sight = choose.split_prediction(census, lanes, 40, h200, cal)
-    wide16 = choose.split_prediction(census, attention.Split(16, kernel=True, wide=True), 40, h200, cal)
+    sight = split_attention.foresee(census, lanes, 40, h200, cal)
+    wide16 = split_attention.foresee(census, attention.Split(16, kernel=True, wide=True), 40, h200, cal)
     assert (sight.bytes, sight.kernels) == (wide16.bytes, wide16.kernels) and sight.memory_us < wide16.memory_us
     assert attention.Split.parse("16:kernel:lanes") == lanes
     for flag in ("16:kernel:wide:lanes", "16:lanes"):
         with pytest.raises(BadInput, match="one or the other"):
             attention.Split.parse(flag)
     # A chunk longer than the head (or not a run of whole loads) is the model's to rule out, not the chip's.
-    assert choose.SPLIT.unfit(census, lanes) is None and choose.SPLIT.unfit(census, attention.Split(16)) is None
+    assert split_attention.FAMILY.unfit(census, lanes) is None and split_attention.FAMILY.unfit(census, attention.Split(16)) is None
     longer = attention.Split(2 * f.head_dim, kernel=True, lanes=True)
-    assert "multiple of the chunk" in choose.SPLIT.unfit(census, longer)
+    assert "multiple of the chunk" in split_attention.FAMILY.unfit(census, longer)
     from tinygrad import Tensor
     with pytest.raises(BadInput, match="multiple of the chunk"):     # before the kernels are built
         attention.decode_kernels(Tensor.empty(1, 4, 1, 16), Tensor.empty(1, 2, 8, 16), 32, lanes=True)
@@ -361,10 +361,11 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
 
 
 def test_one_switch_turns_every_generated_family_off(monkeypatch):
-    from boltbeam.route.use import families_of, layout_of
-    assert len(families_of(layout.Setting(), True)) == 2
+    from boltbeam.route.families import Flags, installers, settings
+    chosen = settings(None, Flags(layout="float16:expanded", constants_once=True))
+    assert len(installers(chosen)) == 2
     monkeypatch.setenv("BOLTBEAM_ROUTE", "none")
-    assert families_of(layout.Setting(), True) == [] and layout_of("float16:expanded", None) is None
+    assert installers(chosen) == []
 
 
 @pytest.mark.parametrize("kv_heads, group, head_dim, total, chunk", [
@@ -504,7 +505,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     from boltbeam.route import attention
     from tests.test_search import CPU_TARGETS, _ok, _run
     on = routes.Route(sha256_file(tiny_model), routes.engine(), "CPU", "host-like", "repacked_layout",
-                      "generated by search", [], layout={"scale_dtype": "float32", "form": "expanded"})
+                      "generated by search", [], families={"layout": {"scale_dtype": "float32", "form": "expanded"}})
     routes.save(on, tmp_path / "on.json")
     out, ledger = tmp_path / "split", tmp_path / "ledger.sqlite"
     cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
@@ -519,7 +520,8 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     assert tracefile.load(str(out / "baseline.json")).route["label"] == "generated-layout + boltbeam-search"
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
-        assert route.layout == on.layout and attention.Split(**route.split_attention).flag == summary["chosen"]
+        assert route.families["layout"] == on.families["layout"]
+        assert attention.Split(**route.families["split_attention"]).flag == summary["chosen"]
     # A route's BEAM width is the search's unless --beam says otherwise, as profile runs it: a baseline
     # made without BEAM is then refused.
     routes.save(dataclasses.replace(on, beam=2), tmp_path / "beam.json")
@@ -527,7 +529,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     assert done.returncode == 2 and "BEAM width 0" in done.stderr and not (tmp_path / "b").exists()
     # A route that splits already (written before `carried`: off) is searched again: its own setting is the
     # baseline, not a candidate, and the candidate judged replaces it.
-    split = dataclasses.replace(on, split_attention={"chunk": 16, "staged": True})
+    split = dataclasses.replace(on, families={**on.families, "split_attention": {"chunk": 16, "staged": True}})
     routes.save(split, tmp_path / "split.json")
     again = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "split.json"), "--out", str(tmp_path / "again")])).stdout)
     own = [c for c in again["candidates"] if c["skipped"] == "the route's own setting: the baseline"]
@@ -567,7 +569,7 @@ def test_profile_with_split_attention(tiny_model, profiled, tmp_path, capsys):
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged, carried, kernel, wide, unrolled, lanes, rotary and pooled"
+    keys = "keys chunk, staged (and carried, kernel, wide, unrolled, lanes, rotary, pooled, which may be left out)"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
@@ -590,7 +592,7 @@ def test_search_judges_constants_once_whole(tiny_model, profiled, tmp_path):
     assert only["predicted_terms"] == ["computed once at load"]
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
-        assert route.constants_once is True and route.layout is None and route.provenance == "generated by search"
+        assert route.families == {"constants_once": True} and route.provenance == "generated by search"
         done = _run([*cmd, "--on", str(out / "route.json"), "--out", str(tmp_path / "again")])
         assert done.returncode == 2 and "already sets constants_once to the family's only setting" in done.stderr
         assert not (tmp_path / "again").exists()

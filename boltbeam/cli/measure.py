@@ -16,7 +16,8 @@ from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trac
                                         import_nsys_gpu_trace)
 from boltbeam.measure.trace import TIMINGS, Trace
 from boltbeam.report.chrome import TOKEN_TID, write_chrome
-from boltbeam.route.use import Flags, families, route_for
+from boltbeam.route.families import FAMILIES, Flags
+from boltbeam.route.use import families, route_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,38 +62,11 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool, depth: bool
     p.add_argument("--no-hash", action="store_true", help="skip the model file's sha256 in the trace")
     p.add_argument("--route", metavar="ROUTE.json", help="run the kernels a search's route names with its settings "
                                                          "(`none`, or BOLTBEAM_ROUTE=none, turns it off)")
-    p.add_argument("--layout", metavar="SCALES:FORM[:stacked]", help="repack the quantized linear layers at load into "
-                   "the generated layout (scales float16 or float32; gemv form expanded, factored, or kernel: the factored product "
-                   "as one kernel generated at tinygrad's UOp level; stacked: the layers "
-                   "a block multiplies by one input in one matrix), e.g. float16:expanded:stacked; overrides a route's "
-                   "layout; `none` turns it off")
-    p.add_argument("--constants-once", action="store_true", help="compute once the tensors that read nothing "
-                   "(e.g. a rotary table), instead of inside every decode token (also on when the route says so)")
-    p.add_argument("--direct-replay", action="store_true", help="replay the captured decode graphs directly: each "
-                   "token's inputs prepared once, the token fed back uncopied and read from its buffer, where tinygrad "
-                   "prepares, copies and lowers again every token (also on when the route says so)")
-    p.add_argument("--split-attention", metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]",
-                   help="decode attention "
-                   "split over the sequence in chunks of CHUNK positions, each read by its own groups, then combined; "
-                   "`:staged` writes each chunk's partial results to buffers of their own before the combine; `:carried` "
-                   "sums the exponentials as a column of ones beside the values (two reductions fewer a layer); `:kernel` "
-                   "writes the split as two kernels generated at tinygrad's UOp level (needs thread groups with local "
-                   "memory); `:wide` has them read a key row eight halves a load and a run of value dimensions a thread; `:unrolled` "
-                   "(after :wide) writes their loops over a key row and a chunk's positions out in full; `:lanes` (instead "
-                   "of :wide) runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:rotary` (after "
-                   ":kernel) runs a decode step's query and key norms, rotary step and cache store as one more generated kernel; `:pooled` "
-                   "(after :rotary) runs it a thread group a query head, its squares summed through local memory")
-    p.add_argument("--gemv", metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", help="the geometry of "
-                   "the layout's generated kernel (needs --layout ...:kernel): threads a row, rows a thread group, rows "
-                   "a thread, bytes a load; 1 to compute the input's group sums once (default 0); groups a lane reads "
-                   "in one step (default 1); 1 to unpack values under a float's exponent (default 0); its planes held as 32-bit words (spaces.toml, family gemv); or one for each product, "
-                   "ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the compiler's opts)")
-    p.add_argument("--fusion", metavar="KNOB[+KNOB...]", help="fold into the layout's generated kernel (needs "
-                   "--layout ...:kernel), knobs joined by '+': `norm` folds each RMS norm whose every reader runs that "
-                   "kernel into those products; `gated` makes a dense feed-forward's activation times up one kernel, "
-                   "reading gate and up from that kernel's output uncopied; `rms` runs each RMS norm left as one "
-                   "generated kernel (needs thread groups with local memory); `inplace` has a product read another "
-                   "generated kernel's output (the attention's) where it lies, not a copy (spaces.toml, family fusion)")
+    for f in FAMILIES:       # each generated family's flag (route/families.py)
+        if f.metavar is None:
+            p.add_argument(f.flag, action="store_true", help=f.help)
+        else:
+            p.add_argument(f.flag, metavar=f.metavar, help=f.help)
 
 
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
@@ -113,7 +87,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
 
 
 def family_flags(args: argparse.Namespace) -> Flags:
-    return Flags(args.layout, args.split_attention, args.gemv, args.fusion, args.constants_once, args.direct_replay)
+    return Flags(**{f.key: getattr(args, f.key) for f in FAMILIES})
 
 
 @contextlib.contextmanager
@@ -176,10 +150,8 @@ def llama_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` in llama.cpp, with the same progress bar; tinygrad's own flags do not apply."""
     if args.device != "CUDA":
         raise BadInput("--engine llama.cpp times its kernels through CUPTI: it needs --device CUDA")
-    tinygrad_only = [f"--{name.replace('_', '-')}" for name, off in
-                     (("beam", 0), ("route", None), ("layout", None), ("constants_once", False),
-                      ("split_attention", None), ("gemv", None), ("fusion", None), ("direct_replay", False))
-                     if getattr(args, name) != off] + (["--timing"] if args.timing not in (None, "cupti") else [])
+    tinygrad_only = [f"--{name.replace('_', '-')}" for name in ("beam", "route", *(f.key for f in FAMILIES))
+                     if getattr(args, name)] + (["--timing"] if args.timing not in (None, "cupti") else [])
     if tinygrad_only:
         raise BadInput(f"{', '.join(tinygrad_only)} choose(s) tinygrad's route: not with --engine llama.cpp")
     if getattr(args, "host_profile", None):

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from boltbeam import report
 from boltbeam.errors import BadInput, Refused
-WHOLE_TOKEN = ("repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay")   # judged whole (search/choose.py)
+from boltbeam.route.families import BY_NAME, Flags
 
 OUTPUTS = ("route.json", "search.json", "baseline.json", "candidate.json")
 JUDGE_TOKENS = 32    # whole tokens per side for the judge: plain and timed, 64 greedy steps and more compared
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", action="append", metavar="FILE", help="extra targets file (TOML)")
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
     p.add_argument("--family", default="tinygrad_opts", help="the setting family of data/spaces.toml to search "
-                   f"(tinygrad_opts: per kernel; {', '.join(WHOLE_TOKEN)}: generated families, each setting judged "
+                   f"(tinygrad_opts: per kernel; {', '.join(BY_NAME)}: generated families, each setting judged "
                    "on the whole token)")
     p.add_argument("--budget", type=int, default=8, metavar="K", help="settings timed per kernel at most (default 8); "
                    "with a whole-token family, settings judged at most, FutureSight's best first")
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from boltbeam.bound.targets import get_target
     from boltbeam.cli.depth import check_depth
-    from boltbeam.route.use import families_of, layout_of
+    from boltbeam.route.families import installers, settings, stored
     from boltbeam.cli.read import resolve_model
     from boltbeam.files import sha256_file, writable_dir, write_json
     from boltbeam.ledger.store import Ledger
@@ -112,14 +112,14 @@ def run(args: argparse.Namespace) -> int:
                        "--context >= 0 and --workers >= 1")
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
-    if args.family in WHOLE_TOKEN:
+    if args.family in BY_NAME:
         return _choose_whole(model, target, args)
     if args.beam or args.baseline or args.on or args.alone or args.alone_from:
         raise BadInput(f"--beam, --on, --baseline and --alone (--alone-from) judge whole tokens: they go with --family "
-                       f"{' or '.join(WHOLE_TOKEN)}")
+                       f"{' or '.join(BY_NAME)}")
     fam = searchable(args.family)
     _facts_needed(fam, target)
-    layout = layout_of(args.layout, None)
+    chosen = settings(None, Flags(layout=args.layout, constants_once=args.constants_once))
     census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
     check_depth(census, args.context, args.tokens)   # before a prompt is built
     started = time.monotonic()
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.search import fanout
     from boltbeam.search.decide import search
     job = fanout.Job(os.path.abspath(model), sha256_file(model), args.device, args.context,
-                     tuple(families_of(layout, args.constants_once)))
+                     tuple(installers(chosen)))
     refused = None
     with contextlib.ExitStack() as stack:
         # A cluster is reached and its workers checked before the ledger is opened: bad configuration
@@ -153,8 +153,7 @@ def run(args: argparse.Namespace) -> int:
             profiles = lambda runs: devices.submit(fanout.profile_pair, model, args.device, runs).result()
         result = search([c.kernel for c in captured], fam, target, args.device, args.budget, time_all, ledger,
                         job.sha256, say, args.seconds_per_kernel)
-        result.route.layout = asdict(layout) if layout else None
-        result.route.constants_once = args.constants_once
+        result.route.families = stored(chosen)
         routes.save(result.route, out / "route.json")
         judgement = None
         if not args.no_judge:
@@ -184,8 +183,8 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
     from boltbeam.search import alone as alone_timing
-    from boltbeam.search.choose import WHOLE_TOKEN as FAMILIES, baseline_of, check_on, choose, with_setting
-    family = FAMILIES[args.family]
+    from boltbeam.search.choose import baseline_of, check_on, choose, with_setting
+    family = BY_NAME[args.family]
     if args.beam < 0:
         raise BadInput("need --beam >= 0")
     if args.workers or args.scheduler is not None:
@@ -256,13 +255,14 @@ def _judge(args: argparse.Namespace, out: Path, say, ledger, route, profiles):
     from boltbeam.judge.judge import Checks, judge
     from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
+    from boltbeam.route.families import labels
     say("judging: the whole token without and with the route")
     flags = ["--context", str(args.context), "--tokens", str(args.tokens), "--route"]
     if failed := profiles([(str(out / "baseline.json"), [*flags, "none"]),
                            (str(out / "candidate.json"), [*flags, str(out / "route.json")])]):
         raise Refused(f"profiling the whole token failed: {failed}")
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
-    j = judge(base, cand, Checks(expected_route=routes.routed_label(route.families(), "boltbeam-search"),
+    j = judge(base, cand, Checks(expected_route=routes.routed_label(labels(route.families), "boltbeam-search"),
                                  candidate_id=f"route {out / 'route.json'}"))
     ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],

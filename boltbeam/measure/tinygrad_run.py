@@ -320,17 +320,6 @@ def hcq_timeline(calls: list[Call], stamps: list[list[tuple[int, int]] | None], 
     return timed
 
 
-def thread_group_limit(needs: str) -> int:
-    """The most threads a group may hold on the default device, for a generated kernel that runs thread
-    groups with local memory (`needs` names it); one line where the device has none."""
-    from tinygrad import Device
-    renderer = Device[Device.DEFAULT].renderer
-    if not renderer.has_local:
-        raise BadInput(f"{needs}: the generated kernel runs thread groups with local memory; device "
-                       f"{Device.DEFAULT} has none")
-    return renderer.local_max[0] if renderer.local_max else 2 ** 31 - 1
-
-
 class Classifier:
     """Maps a launch to (category, role, tensors) from the buffers it touches, never from tensor or
     model names; only a kernel that touches nothing it can place falls back on tinygrad's kind prefix.

@@ -50,14 +50,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from boltbeam.errors import BadInput
-from boltbeam.measure.route import SPLIT_ATTENTION_LABEL
 from boltbeam.measure.prepared import Prepared
-from boltbeam.measure.tinygrad_run import thread_group_limit
+from boltbeam.route.family import thread_group_limit
 from boltbeam.route import rotary
 from boltbeam.route.layout import in_place
 from boltbeam.units import DIGITS
 
-FAMILY = SPLIT_ATTENTION_LABEL
+LABEL = "split-attention"           # what it adds to a trace's route label (the family: route/split_attention.py)
 SPACE = "split_attention"           # its knob's values: data/spaces.toml
 
 
@@ -95,6 +94,9 @@ class Split:
     @property
     def flag(self) -> str:
         return ":".join([str(self.chunk), *(k for k in KNOBS if getattr(self, k))])
+
+    def stored(self) -> dict[str, int | bool]:
+        return asdict(self)
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
@@ -567,7 +569,7 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
 def install(net, census, model_path: str, setting: Split) -> Prepared:
     """Wrap every block's attention so its decode steps split over the sequence as `setting` says."""
     t0 = time.perf_counter()
-    prepared = Prepared(FAMILY, asdict(setting))
+    prepared = Prepared(LABEL, asdict(setting))
     total = -(-net.max_context // setting.chunk) * setting.chunk     # the cache's positions, whole chunks
     if setting.kernel:
         _check_threads(census, model_path, setting)

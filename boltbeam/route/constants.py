@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from boltbeam.measure.route import CONSTANTS_LABEL
 from boltbeam.measure.prepared import Prepared
+from boltbeam.route.family import Family, switch
+from boltbeam.search.future import Foreseen
 
-FAMILY = CONSTANTS_LABEL
+LABEL = "constants-once"           # what it adds to a trace's route label
 SPACE = "constants_once"           # its one knob: data/spaces.toml
 
 
@@ -31,6 +32,9 @@ class Once:
     @property
     def flag(self) -> str:
         return "once"
+
+    def stored(self) -> bool:
+        return True
 
 
 def is_constant(t) -> bool:
@@ -54,9 +58,9 @@ def realize_constants(obj, prepared: Prepared) -> None:
             prepared.seconds += time.perf_counter() - t0
 
 
-def install(net, census=None, model_path: str | None = None) -> Prepared:
+def install(net, census=None, model_path: str | None = None, setting: Once | None = None) -> Prepared:
     """Wrap each block's state initialisation so the constants it makes are realized at once."""
-    prepared = Prepared(FAMILY, {})
+    prepared = Prepared(LABEL, {})
     realize_constants(net, prepared)
     for block in getattr(net, "blk", []):
         init = getattr(block, "_init_state", None)
@@ -68,3 +72,15 @@ def install(net, census=None, model_path: str | None = None) -> Prepared:
             realize_constants(block, prepared)
         block._init_state = init_then_realize
     return prepared
+
+
+def foresee(census, once: Once, context: int, target, cal, on=None) -> Foreseen:
+    """Tensors that read nothing, computed once at load: a token then moves none of their bytes and launches
+    none of their kernels."""
+    return Foreseen(0, 0, 0.0, ("computed once at load",))
+
+
+FAMILY = Family(SPACE, LABEL, "constants_once", install=install, read=switch(Once),
+                of_values=lambda values: Once(**values), foresee=foresee,
+                help="compute once the tensors that read nothing (e.g. a rotary table), instead of inside every "
+                     "decode token (also on when the route says so)")

@@ -33,13 +33,13 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
-from boltbeam.measure.route import FUSION_LABEL
 from boltbeam.measure.prepared import Prepared
-from boltbeam.measure.tinygrad_run import thread_group_limit
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route.layout import LayoutLinear, layers, module_at
+from boltbeam.route.family import Family, knobs, thread_group_limit
+from boltbeam.route.layout import KERNEL_FORM, LayoutLinear, layers, module_at, stacks, taken_by_layout
+from boltbeam.search.future import Calibration, Foreseen
 
-FAMILY = FUSION_LABEL
+LABEL = "fusion"                   # what it adds to a trace's route label
 SPACE = "fusion"                   # its knobs and their values: data/spaces.toml
 
 
@@ -68,6 +68,9 @@ class Fusion:
         if any(f not in FIELDS for f in on):
             raise BadInput(f"--fusion {flag}: expected what to fold, of {', '.join(FIELDS)} (joined by '+')")
         return cls(**{f: int(f in on) for f in FIELDS})
+
+    def stored(self) -> dict[str, int]:
+        return asdict(self)
 
 
 FIELDS = tuple(f.name for f in fields(Fusion))    # its knobs, in the flag's order
@@ -179,7 +182,7 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
     dense feed-forward's activation and up product (`gated`); let every product read a generated kernel's
     output in place (`inplace`)."""
     t0 = time.perf_counter()
-    prepared = Prepared(FAMILY, asdict(fusion))
+    prepared = Prepared(LABEL, asdict(fusion))
     if fusion.norm:
         _fold_norms(net, census, model_path, prepared)
     if fusion.rms:
@@ -259,3 +262,50 @@ def _fold_norms(net, census, model_path: str, prepared: Prepared) -> None:
                               f"of each does not run the layout's generated kernel")
     prepared.eligible += eligible
     prepared.applied += folded
+
+
+# Kernels one generated norm adds to a token, net: on the H200 route (bench/h200/kernels/) 73 norms took 145
+# of tinygrad's kernels away and brought 290 (the norms, 73 casts of their output, 144 residual sums).
+RMS_KERNELS_ADDED = 2
+
+
+def foresee(census, folded: Fusion, context: int, target, cal: Calibration, on) -> Foreseen:
+    """The norms folded into the layout products of the route it goes on (`on`: its settings, a layout of the
+    kernel form): each product that folds one reads the norm's weight (float32) beside its planes, and the
+    norms launch no kernel of their own (a norm with a reader the layout does not take stays, and costs what
+    it cost without the family). Its kernels are those it removes, counted negative: a fused feed-forward one
+    a block whose gate and up the layout takes (the activation alone), and the stack's copy where they are
+    stacked; the folded norms' are not counted (the input's copy replaces them). A generated norm adds
+    RMS_KERNELS_ADDED: tinygrad's two kernels go, but a custom kernel's input and output are buffers of their
+    own, so the elementwise work tinygrad fused into the norm's kernels and its readers (the residual sum it
+    reads, the cast of its float32 output) runs as kernels beside it. Read in place, the attention's output
+    loses its copy where the route runs split attention's generated kernels (one kernel a block whose output
+    projection the layout takes)."""
+    stack = on["layout"].stack == "stacked"
+    nbytes = removed = 0
+    for t in census.tensors:
+        if (kind := norm_kind(t.name, t.block)) is None:
+            continue
+        readers = [r for r in census.tensors if r.block == t.block and r.role in NORM_READERS[kind]]
+        if folded.norm and readers and all(taken_by_layout(r) for r in readers):
+            nbytes += len(stacks(readers) if stack else readers) * t.elements * 4
+        elif folded.rms:
+            removed -= RMS_KERNELS_ADDED
+    if folded.gated:
+        gates = {(t.block, t.role) for t in census.tensors if t.role in ("ffn_gate", "ffn_up") and taken_by_layout(t)}
+        removed += (2 if stack else 1) * sum((b, "ffn_up") in gates for b, role in gates if role == "ffn_gate")
+    if folded.inplace and getattr(on.get("split_attention"), "kernel", False):   # the attention's output, copied no more
+        removed += sum(t.role == "attn_output" and taken_by_layout(t) for t in census.tensors)
+    return Foreseen(nbytes, -removed, nbytes / target.bandwidth * 1e6,
+                    ("bandwidth",) + (("kernels removed",) if removed > 0 else ("kernels added",) if removed else ()))
+
+
+FAMILY = Family(SPACE, LABEL, "fusion", install=install, read=knobs(Fusion, later=LATER),
+                of_values=lambda values: Fusion(**values), foresee=foresee, metavar="KNOB[+KNOB...]",
+                parse=Fusion.parse, needs=KERNEL_FORM, admits=lambda values: any(values.values()),
+                help="fold into the layout's generated kernel (needs --layout ...:kernel), knobs joined by '+': "
+                     "`norm` folds each RMS norm whose every reader runs that kernel into those products; `gated` "
+                     "makes a dense feed-forward's activation times up one kernel, reading gate and up from that "
+                     "kernel's output uncopied; `rms` runs each RMS norm left as one generated kernel (needs thread "
+                     "groups with local memory); `inplace` has a product read another generated kernel's output (the "
+                     "attention's) where it lies, not a copy (spaces.toml, family fusion)")

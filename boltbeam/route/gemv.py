@@ -31,16 +31,18 @@ never by a model's names.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from boltbeam.errors import BadInput
-from boltbeam.measure.route import GEMV_LABEL
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.layout import WORD_BITS, layers
+from boltbeam.route.family import Family
+from boltbeam.route.layout import KERNEL_FORM, SCALE_BYTES, WORD_BITS, WRITTEN_BY, Planes, layers, layout_products
+from boltbeam.search.future import PER_KERNEL_FACT, Calibration, Foreseen, Work, predict
 from boltbeam.units import DIGITS
 
-FAMILY = GEMV_LABEL
+LABEL = "gemv-geometry"            # what it adds to a trace's route label
 SPACE = "gemv"                     # its knobs' values and rules: data/spaces.toml
 MOST_UNROLLED = 32                 # tinygrad unrolls a range by at most this much
 
@@ -82,7 +84,7 @@ class Geometry:
     def from_knobs(cls, knobs, where: str, alternative: str = "") -> "Geometry":
         """A route file's knobs (those with a default may be left out)."""
         if not isinstance(knobs, dict) or not set(REQUIRED) <= set(knobs) <= set(FIELDS):
-            raise BadInput(f"{where} gemv {knobs}: expected the keys {', '.join(FIELDS)} (those after "
+            raise BadInput(f"{where} {knobs}: expected the keys {', '.join(FIELDS)} (those after "
                            f"{REQUIRED[-1]} may be left out){alternative}")
         return cls(**knobs)
 
@@ -194,8 +196,8 @@ class PerProduct:
         """A route file's table of product -> geometry knobs."""
         for key in table:
             if not re.fullmatch(KEY, key):
-                raise BadInput(f"{where}: gemv {key}: expected a product (ROWSxCOLS:qBITS:gGROUP) and its geometry")
-        return cls(tuple((key, Geometry.from_knobs(knobs, f"{where}: product {key}:")) for key, knobs in table.items()))
+                raise BadInput(f"{where} {key}: expected a product (ROWSxCOLS:qBITS:gGROUP) and its geometry")
+        return cls(tuple((key, Geometry.from_knobs(knobs, f"{where} product {key}:")) for key, knobs in table.items()))
 
     def for_product(self, planes) -> Geometry | None:
         return dict(self.geometries).get(product_key(planes))
@@ -207,15 +209,18 @@ class PerProduct:
 KEY = r"\d+x\d+:q\d+:g\d+"       # product_key's form
 
 
-def setting_of(flag: str | None, from_route: dict | None, where: str = "route") -> Geometry | PerProduct | None:
-    """The family's setting from profile --gemv or a route file's gemv table; None when off."""
-    if flag is not None:
-        return PerProduct.parse(flag) if "=" in flag else Geometry.parse(flag)
-    if from_route is None:
-        return None
-    if from_route and all(isinstance(v, dict) for v in from_route.values()):
-        return PerProduct.from_table(from_route, where)
-    return Geometry.from_knobs(from_route, where, ", or a product (ROWSxCOLS:qBITS:gGROUP) for each")
+def parse(flag: str) -> Geometry | PerProduct:
+    """The family's setting from profile --gemv: one geometry, or one for each product."""
+    return PerProduct.parse(flag) if "=" in flag else Geometry.parse(flag)
+
+
+def read(data, where: str) -> Geometry | PerProduct:
+    """The family's setting from a route file's gemv table: a geometry's knobs, or a table of them for each product."""
+    if not isinstance(data, dict):
+        raise BadInput(f"{where} must be a table ({', '.join(FIELDS)}), or one for each product, or null")
+    if data and all(isinstance(v, dict) for v in data.values()):
+        return PerProduct.from_table(data, where)
+    return Geometry.from_knobs(data, where, ", or a product (ROWSxCOLS:qBITS:gGROUP) for each")
 
 
 def install(net, census, model_path: str, geometry: Geometry | PerProduct) -> Prepared:
@@ -231,7 +236,7 @@ def install(net, census, model_path: str, geometry: Geometry | PerProduct) -> Pr
                        f"SCALES:kernel[:stacked] (no layer runs the kernel form)")
     planes = {id(m.planes): m for m in kernel}
     settings = asdict(geometry) if isinstance(geometry, Geometry) else {"per_product": geometry.flag}
-    prepared = Prepared(FAMILY, settings, eligible=len(planes))
+    prepared = Prepared(LABEL, settings, eligible=len(planes))
     for m in planes.values():
         p = m.planes
         p.to_words()
@@ -247,3 +252,55 @@ def install(net, census, model_path: str, geometry: Geometry | PerProduct) -> Pr
                               f"compiler's choice")
     prepared.seconds = time.perf_counter() - t0
     return prepared
+
+
+def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target, cal: Calibration):
+    """FutureSight on one product of `nbytes` at a geometry, or None where the geometry does not divide
+    its shape: Little's law at the geometry's threads, each keeping one load of `load_bytes` (at most a
+    group's) in flight for each row it sums and each group of a step; computing the input's group sums
+    once adds a kernel."""
+    if not geometry.divides(p):
+        return None
+    word = dataclasses.replace(cal, bytes_in_flight_per_thread=WORD_BITS // 8, unroll_adds_in_flight=True)
+    sight = predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
+                    {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
+                     "unroll": geometry.words_per_load(p) * geometry.rows_per_thread * geometry.groups_per_step},
+                    target, word)
+    if geometry.sums_once(p):
+        # The input's group sums run as a kernel of their own: one more kernel at the target's measured cost.
+        # What they save (the input read once a group, not again in every thread) is read from the cache,
+        # which this model does not see.
+        sight.us += (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
+        sight.terms.append("one more kernel")
+    return sight
+
+
+def foresee(census, geometry: Geometry, context: int, target, cal: Calibration, on) -> Foreseen:
+    """Each product of the layout it goes on (`on`: the route's settings, a layout of the kernel form) at the
+    geometry (geometry_sight); a product the geometry does not divide at the fraction of the bandwidth the
+    compiler's choices for generated kernels were measured to reach."""
+    setting = on["layout"]
+    fraction = cal.fraction(WRITTEN_BY["kernel"])
+    nbytes, us, terms = 0, 0.0, ["bandwidth"]
+    for p in layout_products(census, setting):
+        groups = p.rows * p.cols // p.group
+        b = p.rows * p.cols * p.bits // 8 + groups * 2 * SCALE_BYTES[setting.scale_dtype]
+        nbytes += b
+        if (sight := geometry_sight(p, b, geometry, target, cal)) is None:
+            us += b / (target.bandwidth * fraction) * 1e6
+            terms.append(f"measured {WRITTEN_BY['kernel']}")
+            continue
+        us += sight.us
+        terms += sight.terms
+    return Foreseen(nbytes, 0, us, tuple(dict.fromkeys(terms)))
+
+
+FAMILY = Family(SPACE, LABEL, "gemv", install=install, read=read, of_values=lambda values: Geometry(**values),
+                foresee=foresee, metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", parse=parse,
+                needs=KERNEL_FORM,
+                help="the geometry of the layout's generated kernel (needs --layout ...:kernel): threads a row, rows "
+                     "a thread group, rows a thread, bytes a load; 1 to compute the input's group sums once (default "
+                     "0); groups a lane reads in one step (default 1); 1 to unpack values under a float's exponent "
+                     "(default 0); its planes held as 32-bit words (spaces.toml, family gemv); or one for each "
+                     "product, ROWSxCOLS:qBITS:gGROUP=L:R:T:B joined by ',' (a product not named keeps the "
+                     "compiler's opts)")

@@ -33,11 +33,13 @@ from boltbeam.errors import BadInput
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import SHARED_INPUT
+from boltbeam.route.family import Family, Needs, knobs
+from boltbeam.search.future import Calibration, Foreseen
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
 FORMS = ("expanded", "factored", "kernel")   # the family's `form` parameter: 0, 1, 2
 STACKS = ("separate", "stacked")        # its `stacked` parameter: 0, 1
-FAMILY = "repacked_layout"             # its knobs and their values: data/spaces.toml
+SPACE = "repacked_layout"              # its knobs and their values: data/spaces.toml
 WORD_BITS = 32                          # the word kernel's load: one 32-bit word of packed values
 MANTISSA_BITS, FLOAT_BIAS = 23, 127      # a float32's stored mantissa bits and its exponent's bias
 
@@ -75,13 +77,13 @@ class Setting:
 
     def __post_init__(self):
         from boltbeam.search.space import families
-        space = families()[FAMILY].parameters
+        space = families()[SPACE].parameters
         dtypes = [d for d, b in SCALE_BYTES.items() if b in space["scale_bytes"]]
         forms = [f for i, f in enumerate(FORMS) if i in space["form"]]
         stacks = [s for i, s in enumerate(STACKS) if i in space["stacked"]]
         if self.scale_dtype not in dtypes or self.form not in forms or self.stack not in stacks:
             raise BadInput(f"layout setting {self.flag}: scale_dtype must be one of {', '.join(dtypes)}, form one of "
-                           f"{', '.join(forms)}, stack one of {', '.join(stacks)} (spaces.toml, family {FAMILY})")
+                           f"{', '.join(forms)}, stack one of {', '.join(stacks)} (spaces.toml, family {SPACE})")
 
     @property
     def flag(self) -> str:
@@ -94,6 +96,15 @@ class Setting:
         if len(parts) not in (2, 3):
             raise BadInput(f"--layout {flag!r}: expected SCALES:FORM[:stacked], e.g. float16:expanded")
         return cls(*parts)
+
+    @classmethod
+    def of_values(cls, values: dict[str, int]) -> "Setting":
+        """A setting from its parameters' values in spaces.toml (scale bytes, the form's and the stack's places)."""
+        by_bytes = {b: d for d, b in SCALE_BYTES.items()}
+        return cls(by_bytes[values["scale_bytes"]], FORMS[values["form"]], STACKS[values["stacked"]])
+
+    def stored(self) -> dict[str, str]:
+        return asdict(self)
 
 
 def values_of(fmt: str) -> Values | None:
@@ -593,3 +604,78 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
             nbytes += planes.nbytes
     return Prepared(LAYOUT_LABEL, asdict(setting), applied=len(built),
                     eligible=eligible, bytes=nbytes, seconds=time.perf_counter() - t0, placed=placed, notes=notes)
+
+
+
+PARTIAL_BYTES = 4     # a factored gemv's partial sum per row and group, fp32, written then read
+# How each form's products are written (future.WRITERS): the compiler's tensor code, or one kernel
+# generated at tinygrad's UOp level.
+WRITTEN_BY = {"expanded": "tensor_code", "factored": "tensor_code", "kernel": "generated_kernel"}
+
+
+def taken_by_layout(t) -> bool:
+    """A layer the layout repacks: a 2-D table in a format it describes, not the embedding lookup."""
+    return len(t.shape) == 2 and values_of(t.format) is not None and t.role not in (None, "token_embd")
+
+
+def taken_groups(census, setting: Setting) -> list[list]:
+    """The layers the layout takes, in the groups one product reads: a stack each when the stack is on,
+    else one layer each."""
+    taken = [t for t in census.tensors if taken_by_layout(t)]
+    return stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]
+
+
+def layout_products(census, setting: Setting) -> list[Planes]:
+    """The products one token runs with the layout, as planes without tensors (their shapes and bits):
+    one a layer, or one a stack when the stack is on."""
+    products = []
+    for group in taken_groups(census, setting):
+        v = values_of(group[0].format)
+        products.append(Planes(sum(t.shape[1] for t in group), group[0].shape[0], v.bits, v.group,
+                               None, None, None, None))
+    return products
+
+
+def predicted_bytes(census, setting: Setting) -> int:
+    """Bytes one token reads with the layout: each layer it takes as planes (an offset plane counted
+    for every group: at most), every other tensor as the census has it."""
+    total = 0
+    for t in census.tensors:
+        if not taken_by_layout(t):
+            total += 0 if t.tied else t.bytes_per_token
+            continue
+        v = values_of(t.format)
+        cols, rows = t.shape
+        groups = rows * cols // v.group
+        total += rows * cols * v.bits // 8 + groups * 2 * SCALE_BYTES[setting.scale_dtype]
+        if setting.form == "factored":
+            total += 2 * groups * PARTIAL_BYTES
+    return total
+
+
+def predicted_products(census, setting: Setting) -> int:
+    """Kernels one token launches for the layers the layout takes: one a layer, or a stack when the
+    stack is on; a factored product needs two."""
+    return len(taken_groups(census, setting)) * (2 if setting.form == "factored" else 1)
+
+
+def foresee(census, setting: Setting, context: int, target, cal: Calibration, on=None) -> Foreseen:
+    """The planes' bytes at the fraction of the bandwidth products written as this form's are measured
+    to reach on the target (the whole bandwidth where that is unmeasured)."""
+    nbytes, writer = predicted_bytes(census, setting), WRITTEN_BY[setting.form]
+    fraction = cal.fraction(writer)
+    return Foreseen(nbytes, predicted_products(census, setting), nbytes / (target.bandwidth * fraction) * 1e6,
+                    ("bandwidth",) if fraction == 1.0 else ("bandwidth", f"measured {writer}"), fraction)
+
+
+# What the gemv geometry and fusion build on: the layout's products as one generated kernel.
+KERNEL_FORM = Needs("the layout's generated kernel", "--layout SCALES:kernel[:stacked]",
+                    "a route whose layout form is kernel",
+                    lambda settings: "layout" in settings and settings["layout"].form == "kernel")
+
+FAMILY = Family(SPACE, LAYOUT_LABEL, "layout", install=install, read=knobs(Setting, later=("stack",)),
+                of_values=Setting.of_values, foresee=foresee, metavar="SCALES:FORM[:stacked]", parse=Setting.parse,
+                help="repack the quantized linear layers at load into the generated layout (scales float16 or "
+                     "float32; gemv form expanded, factored, or kernel: the factored product as one kernel generated "
+                     "at tinygrad's UOp level; stacked: the layers a block multiplies by one input in one matrix), "
+                     "e.g. float16:expanded:stacked; overrides a route's layout; `none` turns it off")

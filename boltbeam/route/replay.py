@@ -24,10 +24,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from boltbeam.measure.route import REPLAY_LABEL
 from boltbeam.measure.prepared import Prepared
+from boltbeam.route.family import Family, switch
+from boltbeam.search.future import Foreseen
 
-FAMILY = REPLAY_LABEL
+LABEL = "direct-replay"          # what it adds to a trace's route label
 SPACE = "direct_replay"          # its one knob: data/spaces.toml
 
 
@@ -43,6 +44,9 @@ class Direct:
     @property
     def flag(self) -> str:
         return "direct"
+
+    def stored(self) -> bool:
+        return True
 
 
 class _Replayer:
@@ -112,9 +116,9 @@ def install(net, census=None, model_path: str | None = None, setting: Direct | N
     """Give the loaded model a `generate` whose decode steps replay the captured JIT directly. `applied` counts
     the tokens replayed so, `eligible` those decoded on a captured JIT (all of them, where every input checked)."""
     t0 = time.perf_counter()
-    prepared = Prepared(FAMILY, asdict(setting or Direct()))
+    prepared = Prepared(LABEL, asdict(setting or Direct()))
     if getattr(net, "has_recurrent_block", False):
-        prepared.notes.append(f"{FAMILY}: the model has recurrent blocks; tinygrad's own generate runs")
+        prepared.notes.append(f"{LABEL}: the model has recurrent blocks; tinygrad's own generate runs")
         return prepared
     replayer = _Replayer(prepared)
     own = net.generate
@@ -126,3 +130,15 @@ def install(net, census=None, model_path: str | None = None, setting: Direct | N
     net.generate = direct_generate
     prepared.seconds = time.perf_counter() - t0
     return prepared
+
+
+def foresee(census, direct: Direct, context: int, target, cal, on=None) -> Foreseen:
+    """The host's step before the first kernel, shortened: the device moves the same bytes in the same kernels."""
+    return Foreseen(0, 0, 0.0, ("host time only",))
+
+
+FAMILY = Family(SPACE, LABEL, "direct_replay", install=install, read=switch(Direct),
+                of_values=lambda values: Direct(**values), foresee=foresee,
+                help="replay the captured decode graphs directly: each token's inputs prepared once, the token fed "
+                     "back uncopied and read from its buffer, where tinygrad prepares, copies and lowers again every "
+                     "token (also on when the route says so)")

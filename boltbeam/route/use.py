@@ -13,8 +13,6 @@ A route made for another model or compiler is refused in one line; `BOLTBEAM_ROU
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import inspect
 import pathlib
 from dataclasses import dataclass, field
@@ -22,100 +20,13 @@ from typing import Any, Iterator
 
 from boltbeam.errors import BadInput
 from boltbeam.measure import route as routes
-from boltbeam.measure.route import Route, env_off
-
-
-def layout_of(flag: str | None, from_route: dict[str, str] | None):
-    """The layout setting to build at load, from --layout or the route file; None when off."""
-    from boltbeam.route.layout import Setting
-    if flag == "none" or env_off():
-        return None
-    if flag is not None:
-        return Setting.parse(flag)
-    if not from_route:
-        return None
-    required, optional = {"scale_dtype", "form"}, {"stack"}    # routes written before the stack knob lack it
-    if not required <= set(from_route) <= required | optional:
-        raise BadInput(f"route layout {from_route}: expected the keys scale_dtype and form, and optionally stack")
-    return Setting(**from_route)
-
-
-def split_of(flag: str | None, from_route: dict[str, Any] | None):
-    """The split-attention setting to build, from --split-attention or the route file; None when off."""
-    from boltbeam.route.attention import KNOBS, Split
-    if flag is not None:
-        return Split.parse(flag)
-    if from_route is None:
-        return None
-    # (the knobs after staged came after the first routes were written: a route without them runs them off)
-    if not {"chunk", "staged"} <= set(from_route) <= {"chunk", *KNOBS}:
-        raise BadInput(f"route split_attention {from_route}: expected the keys chunk, {', '.join(KNOBS[:-1])} "
-                       f"and {KNOBS[-1]}")
-    return Split(**from_route)
-
-
-def knobs_of(kind, flag: str | None, from_route: dict[str, int] | None, what: str, later: tuple[str, ...] = ()):
-    """A family's setting of dataclass `kind` from its flag or the route file's table `what`; None when off.
-    The knobs in `later` came after the first routes were written: a route without them runs them off."""
-    if flag is not None:
-        return kind.parse(flag)
-    if from_route is None:
-        return None
-    keys = [f.name for f in dataclasses.fields(kind)]
-    if not set(keys) - set(later) <= set(from_route) <= set(keys):
-        raise BadInput(f"route {what} {from_route}: expected the keys {', '.join(k for k in keys if k not in later)}"
-                       + (f" (and {', '.join(later)}, which may be left out)" if later else ""))
-    return kind(**from_route)
-
-
-def families_of(layout, constants_once: bool, split_attention=None, gemv=None, fusion=None,
-                direct_replay: bool = False) -> list:
-    """The generated route families to build on the loaded model, in order (as Route.families names
-    them); none when switched off."""
-    from boltbeam.route import attention, constants, fusion as fusions, gemv as gemvs, layout as layouts, replay
-    if env_off():
-        return []
-    for name, setting in (("gemv", gemv), ("fusion", fusion)):
-        if setting is not None and (layout is None or layout.form != "kernel"):
-            raise BadInput(f"--{name} {setting.flag} builds on the layout's generated kernel: it needs "
-                           f"--layout SCALES:kernel[:stacked]")
-    families = [functools.partial(_install, install, setting) for install, setting in
-                ((layouts.install, layout), (gemvs.install, gemv), (fusions.install, fusion)) if setting is not None]
-    if constants_once:
-        families.append(constants.install)
-    if split_attention is not None:
-        families.append(functools.partial(_install, attention.install, split_attention))
-    if direct_replay:
-        families.append(replay.install)
-    return families
-
-
-def _install(install, setting, net, census, path):
-    """One family's install at its setting (a module-level function, so a fan-out can send it)."""
-    return install(net, census, path, setting)
-
-
-@dataclass(frozen=True)
-class Flags:
-    """What a command line says of the families, each overriding the route's own setting (None: the route's)."""
-    layout: str | None = None
-    split_attention: str | None = None
-    gemv: str | None = None
-    fusion: str | None = None
-    constants_once: bool = False
-    direct_replay: bool = False
+from boltbeam.measure.route import Route
+from boltbeam.route.families import Flags, installers, settings
 
 
 def families(route: tuple[str, Route] | None, flags: Flags = Flags()) -> list:
-    """The families to build on the loaded model: each from its flag, else from the route (path, Route)."""
-    from boltbeam.route import fusion, gemv
-    r = route[1] if route else None
-    layout = layout_of(flags.layout, r.layout if r else None)
-    split = split_of(flags.split_attention, r.split_attention if r else None)
-    geometry = gemv.setting_of(flags.gemv, r.gemv if r else None, f"route {route[0]}" if route else "route")
-    folded = knobs_of(fusion.Fusion, flags.fusion, r.fusion if r else None, "fusion", fusion.LATER)
-    return families_of(layout, flags.constants_once or bool(r and r.constants_once), split, geometry, folded,
-                       flags.direct_replay or bool(r and r.direct_replay))
+    """The families to build on the loaded model, in order: each from its flag, else from the route (path, Route)."""
+    return installers(settings(route, flags))
 
 
 def route_for(path: str | None, model: str, hash_check: bool = True) -> tuple[str, Route] | None:

@@ -16,7 +16,6 @@ FutureSight's order. Nothing here decides the route: the whole token does.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,46 +26,12 @@ import numpy as np
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
-from boltbeam.route.gemv import Geometry, product_key
-from boltbeam.route.layout import WORD_BITS, Planes, Setting, stacks, values_of
-from boltbeam.search.future import Calibration, Work, predict, rank_correlation
+from boltbeam.route.gemv import Geometry, geometry_sight, product_key
+from boltbeam.route.layout import Planes, Setting, taken_groups, values_of
+from boltbeam.search.future import Calibration, rank_correlation
 
 CHECK = 1e-4      # a geometry's product against the planes' weights times the input, relative to its largest
 REPS = 20         # timed runs of each geometry
-PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
-
-
-def taken_by_layout(t) -> bool:
-    """A layer the layout repacks: a 2-D table in a format it describes, not the embedding lookup."""
-    return len(t.shape) == 2 and values_of(t.format) is not None and t.role not in (None, "token_embd")
-
-
-def taken_groups(census, setting: Setting) -> list[list]:
-    """The layers the layout takes, in the groups one product reads: a stack each when the stack is on,
-    else one layer each."""
-    taken = [t for t in census.tensors if taken_by_layout(t)]
-    return stacks(taken) if setting.stack == "stacked" else [[t] for t in taken]
-
-
-def geometry_sight(p: Planes, nbytes: int, geometry: Geometry, target: Target, cal: Calibration):
-    """FutureSight on one product of `nbytes` at a geometry, or None where the geometry does not divide
-    its shape: Little's law at the geometry's threads, each keeping one load of `load_bytes` (at most a
-    group's) in flight for each row it sums and each group of a step; computing the input's group sums
-    once adds a kernel."""
-    if not geometry.divides(p):
-        return None
-    word = dataclasses.replace(cal, bytes_in_flight_per_thread=WORD_BITS // 8, unroll_adds_in_flight=True)
-    sight = predict(Work(nbytes, 2 * p.rows * p.cols, p.rows),
-                    {"local": geometry.rows_per_group, "group": geometry.lanes_per_row, "upcast": geometry.rows_per_thread,
-                     "unroll": geometry.words_per_load(p) * geometry.rows_per_thread * geometry.groups_per_step},
-                    target, word)
-    if geometry.sums_once(p):
-        # The input's group sums run as a kernel of their own: one more kernel at the target's measured cost.
-        # What they save (the input read once a group, not again in every thread) is read from the cache,
-        # which this model does not see.
-        sight.us += (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
-        sight.terms.append("one more kernel")
-    return sight
 
 
 @dataclass(frozen=True)
@@ -115,7 +80,7 @@ class Product:
 
 
 def shapes(census, setting: Setting) -> Counter:
-    """The products one token runs with the layout, by shape, counted (layout_products in search/choose.py, with
+    """The products one token runs with the layout, by shape, counted (layout_products in route/layout.py, with
     whether each format stores an offset a group)."""
     counts: Counter = Counter()
     for group in taken_groups(census, setting):

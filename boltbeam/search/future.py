@@ -39,6 +39,7 @@ LOAD_BYTES = 16     # the default: one wide load in flight per thread and unroll
 # What `fit` tries: bytes in flight per thread, and whether unrolled steps add to it.
 FIT_BYTES = (4, 8, 16, 32, 64, 128)
 FIT_UNROLL = (True, False)
+PER_KERNEL_FACT = "launch_sync_per_kernel"    # the target's measured cost of one more kernel in a token
 
 
 # Who writes the code of a generated family's products: the compiler from tensor code, or BoltBeam at
@@ -140,6 +141,23 @@ def predict(work: Work, setting: dict[str, int], target: Target, cal: Calibratio
         tail = math.ceil(waves) / waves if waves > 1 else 1.0
         terms.append("waves")
     return Prediction(max(memory_us, compute_us) * tail, memory_us, compute_us, tail, terms)
+
+
+@dataclass(frozen=True)
+class Foreseen:
+    """FutureSight's view of one setting of a generated family, on the whole token: bytes a token reads,
+    kernels it launches (net: negative where it removes some), and the time to move those bytes at the rate
+    its kernels can reach (terms: what limited that rate; fraction: the measured fraction of the bandwidth it
+    was moved at, 1 where none applies). Each family's module gives its own (route/family.py)."""
+    bytes: int
+    kernels: int
+    memory_us: float
+    terms: tuple[str, ...]
+    fraction: float = 1.0
+
+    def us(self, target: Target) -> float:
+        """The prediction: moving the bytes, plus the target's measured cost of each kernel."""
+        return self.memory_us + self.kernels * (target.fact(PER_KERNEL_FACT) or 0.0) * 1e6
 
 
 @dataclass

@@ -20,12 +20,13 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
 from boltbeam.measure import route as routes
 from boltbeam.measure.route import Route, engine
-from boltbeam.search.choose import WHOLE_TOKEN, WholeToken, baseline_of, check_on, choose, legal_space, with_setting
+from boltbeam.route.family import Family
+from boltbeam.search.choose import WHOLE_TOKEN, baseline_of, check_on, choose, legal_space, with_setting
 
 BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
 
 
-def tunable(names: list[str] | None = None) -> list[WholeToken]:
+def tunable(names: list[str] | None = None) -> list[Family]:
     """The families tune runs, in the order it runs them (spaces.toml's: the layout before the families that
     build on its generated kernel); `names` keeps only those, one line on a name that is none of them."""
     every = list(WHOLE_TOKEN.values())
@@ -90,7 +91,7 @@ class Tune:
                 "start_tok_s": tok_s(self.start_us), "final_tok_s": tok_s(self.final_us)}
 
 
-def planned(family: WholeToken, target: Target, budget: int | None) -> int:
+def planned(family: Family, target: Target, budget: int | None) -> int:
     """Profiles a family is expected to take at most: its legal settings within the budget, and a baseline."""
     try:
         n = len(legal_space(family, target)[0])
@@ -100,7 +101,7 @@ def planned(family: WholeToken, target: Target, budget: int | None) -> int:
 
 
 def tune(model: str, census, device: str, target: Target, context: int, tokens: int, ledger, sha: str, out: Path,
-         families: list[WholeToken], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
+         families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in order, within `minutes`; the route every promoted
     setting composed (of no family where none was). Traces and each step's route go under `out/traces`;

@@ -1,0 +1,76 @@
+"""The split-attention family: decode attention split over the sequence (route/attention.py builds it, its
+settings are attention.Split; route/rotary.py writes its rotary kernel), declared, with FutureSight's term."""
+from __future__ import annotations
+
+import dataclasses
+
+from boltbeam.route import attention
+from boltbeam.route.attention import KNOBS, LABEL, SPACE, Split
+from boltbeam.route.family import Family, knobs
+from boltbeam.route.layout import taken_groups
+from boltbeam.search.future import LOAD_BYTES, Calibration, Foreseen, Work, predict
+
+KV_BYTES = 2          # a cached key or value element, as the bound counts it (float16)
+
+
+def foresee(census, split: Split, context: int, target, cal: Calibration, on=None) -> Foreseen:
+    """The cache a decode token at `context` reads by whole chunks, shared evenly among the kernels the
+    compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
+    a combine that reduces over every position in few outputs keeps few bytes in flight)."""
+    from boltbeam.measure.tinygrad_run import kv_positions
+    f = census.facts
+    # Tensor code reads whole chunks; the generated kernel's loads stop at the position.
+    positions = context + 1 if split.kernel else -(-(context + 1) // split.chunk) * split.chunk
+    nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES
+    cache = kv_positions(census, context + 1)
+    kernels = attention.scheduled(split, f.heads, f.kv_heads, f.head_dim, cache, context)
+    readers = [k for k in kernels if k.reads_cache]
+    per_reader = nbytes // f.blocks // max(1, len(readers))
+    # A thread an output, in groups of the chip's thread-group width, as the compiler's heuristics place them;
+    # the generated kernel's groups are a chunk's positions times the query heads a key head serves (fewer
+    # groups than multiprocessors leave some idle: FutureSight's share term).
+    width = split.threads(f.heads // max(1, f.kv_heads), f.head_dim) if split.kernel else target.fact("thread_group_width")
+    grouped = {"local": int(width or 1)}
+    if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
+        # unrolled, a thread's whole key row at once; lanes, its run of a key row (chunk keys), written out
+        load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
+        in_flight = (f.head_dim * KV_BYTES if split.unrolled else split.chunk * KV_BYTES if split.lanes
+                     else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
+        cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
+    sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
+    terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
+    removed = rotary_kernels_removed(census, on or {}) if split.rotary else 0
+    return Foreseen(nbytes, f.blocks * len(kernels) - removed, f.blocks * sum(p.us for p in sights),
+                    terms + (("kernels removed",) if removed > 0 else ()))
+
+
+def rotary_kernels_removed(census, on) -> int:
+    """The kernels split attention's rotary kernel takes from a token, net, a block at a time: tinygrad's
+    turned query and turned key (the key's with the cache store), their means of squares where the block
+    norms them, and the copy of the product their rows are taken from where the layout of the route it goes
+    on (`on`: its settings) stacks the query and key in one product; one rotary kernel in their place."""
+    groups = taken_groups(census, on["layout"]) if "layout" in on else []
+    removed = 0
+    for block in sorted({t.block for t in census.tensors if t.role == "attn_q" and t.block is not None}):
+        normed = any(t.block == block and t.role == "attn_q_norm" for t in census.tensors)
+        copied = any({"attn_q", "attn_k"} <= {t.role for t in g if t.block == block} for g in groups)
+        removed += 2 + 2 * normed + copied - 1
+    return removed
+
+
+FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read=knobs(Split, later=KNOBS[1:]),
+                of_values=lambda v: Split(v["chunk"], **{k: bool(v[k]) for k in KNOBS}), foresee=foresee,
+                metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]",
+                parse=Split.parse, admits=Split.admits,
+                unfit=lambda census, s: s.unfit(census.facts.head_dim) if s.kernel else None,
+                help="decode attention split over the sequence in chunks of CHUNK positions, each read by its own "
+                     "groups, then combined; `:staged` writes each chunk's partial results to buffers of their own "
+                     "before the combine; `:carried` sums the exponentials as a column of ones beside the values "
+                     "(two reductions fewer a layer); `:kernel` writes the split as two kernels generated at "
+                     "tinygrad's UOp level (needs thread groups with local memory); `:wide` has them read a key row "
+                     "eight halves a load and a run of value dimensions a thread; `:unrolled` (after :wide) writes "
+                     "their loops over a key row and a chunk's positions out in full; `:lanes` (instead of :wide) "
+                     "runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:rotary` "
+                     "(after :kernel) runs a decode step's query and key norms, rotary step and cache store as one "
+                     "more generated kernel; `:pooled` (after :rotary) runs it a thread group a query head, its "
+                     "squares summed through local memory")
