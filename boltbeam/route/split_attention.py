@@ -60,7 +60,7 @@ def rotary_kernels_removed(census, on) -> int:
 
 FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read=knobs(Split, later=KNOBS[1:]),
                 of_values=lambda v: Split(v["chunk"], **{k: bool(v[k]) for k in KNOBS}), foresee=foresee,
-                metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|:lanes][:rotary[:pooled]]",
+                metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]",
                 parse=Split.parse, admits=Split.admits,
                 unfit=lambda census, s: s.unfit(census.facts.head_dim) if s.kernel else None,
                 help="decode attention split over the sequence in chunks of CHUNK positions, each read by its own "
@@ -68,8 +68,9 @@ FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read
                      "before the combine; `:carried` sums the exponentials as a column of ones beside the values "
                      "(two reductions fewer a layer); `:kernel` writes the split as two kernels generated at "
                      "tinygrad's UOp level (needs thread groups with local memory); `:wide` has them read a key row "
-                     "eight halves a load and a run of value dimensions a thread; `:unrolled` (after :wide) writes "
-                     "their loops over a key row and a chunk's positions out in full; `:lanes` (instead of :wide) "
+                     "eight halves a load and a run of value dimensions a thread; `:unrolled` (after :wide, or before "
+                     ":lanes) writes their loops over a key row and a chunk's positions out in full (lanes: and the "
+                     "combine's over the chunks, eight a step); `:lanes` (instead of :wide) "
                      "runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:rotary` "
                      "(after :kernel) runs a decode step's query and key norms, rotary step and cache store as one "
                      "more generated kernel; `:pooled` (after :rotary) runs it a thread group a query head, its "
