@@ -81,7 +81,7 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)
                      + per_launch) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,
-                       model_hash=not args.no_hash, beam=args.beam or (route[1].beam if route else 0),
+                       model_hash=not args.no_hash, beam=args.beam or (route[1].load_beam() if route else 0),
                        timing=args.timing, route=route,
                        prepare=prepare, progress=tick, host_profile=host)
 

@@ -222,6 +222,7 @@ def _choose_whole(model: str, target, args: argparse.Namespace) -> int:
     route = None
     if choice.chosen:
         route = with_setting(family, on and on[1], choice.chosen.setting, sha, args.device, target.name, beam)
+        route = routes.judged_by(route, choice.chosen.trace)     # its kernels as BEAM compiled them there
         routes.save(route, out / "route.json")
     summary = {**choice.to_dict(), "beam": beam, "on": args.on,
                "baseline": args.baseline or str(out / "baseline.json"), "route": str(out / "route.json") if route else None}

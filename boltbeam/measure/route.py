@@ -4,10 +4,16 @@ A route file maps a kernel key (a hash of the kernel's AST, stable across proces
 apply, with the provenance and the evidence behind each choice. tinygrad applies a kernel's
 `KernelInfo.opts_to_apply` instead of its heuristics or BEAM; `install` sets that field on every kernel
 the route names, as the kernel is compiled. `BOLTBEAM_ROUTE=none` (or `--route none`) turns it off.
+
+A route judged with BEAM carries BEAM's result (`compiled`): each kernel tinygrad's search chose opts for in
+the run that judged it, keyed the same way. `install` records them in that run (the trace's route settings),
+`carried` writes them into the route, and a load applies them as it applies the choices, with BEAM off: a fresh
+machine with the same tinygrad compiling for the same target (`compiler`) rebuilds those kernels without searching.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import os
 import re
@@ -25,14 +31,32 @@ SWITCH = "BOLTBEAM_ROUTE"
 # What a trace's route label names where the generated layout ran (route/layout.py's family): the account
 # reads the weights as planes then (account/tieout.py).
 LAYOUT_LABEL = "generated-layout"
-OPS = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "THREAD", "PADTO", "SWAP", "NOLOCALS")
+OPS = ("TC", "UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "THREAD", "PADTO", "SWAP", "NOLOCALS")
+KEY = re.compile(r"[0-9a-f]{24}")     # kernel_key's form
 
 
 @dataclass(frozen=True)
 class RoutedOpt:
     op: str
     axis: int | None
-    arg: int | None
+    arg: int | list[int] | None      # a tensor core's: which core, its opt level, its use
+
+    def legal(self) -> bool:
+        """An opt tinygrad can be asked for: an op it has, an axis and an arg in bounds (whether it fits its
+        kernel, only compiling it says: install)."""
+        if self.op == "TC":
+            arg = isinstance(self.arg, list) and len(self.arg) == 3 and all(is_whole(v) and v >= -1 for v in self.arg)
+        else:
+            arg = self.arg is None or (is_whole(self.arg) and self.arg >= 0)
+        return self.op in OPS and arg and (self.axis is None or (is_whole(self.axis) and self.axis >= 0))
+
+    def opt(self):
+        from tinygrad.codegen.opt import Opt, OptOps
+        return Opt(OptOps[self.op], self.axis, tuple(self.arg) if isinstance(self.arg, list) else self.arg)
+
+    @classmethod
+    def of(cls, opt) -> RoutedOpt:
+        return cls(opt.op.name, opt.axis, list(opt.arg) if isinstance(opt.arg, tuple) else opt.arg)
 
 
 @dataclass
@@ -48,6 +72,14 @@ class Choice:
 
 
 @dataclass
+class Compiled:
+    """A kernel as tinygrad compiled it in a run with BEAM: the opts BEAM chose (or a route carried) for it."""
+    kernel: str                 # kernel key
+    name: str                   # tinygrad's kernel name, for people
+    opts: list[RoutedOpt]
+
+
+@dataclass
 class Route:
     model_sha256: str | None
     engine: str                 # "tinygrad 0.13.0": a route holds for the compiler that made it
@@ -56,7 +88,7 @@ class Route:
     family: str
     provenance: str
     choices: list[Choice] = field(default_factory=list)
-    beam: int = 0                          # tinygrad's BEAM width the route was judged with (the search runs again at load)
+    beam: int = 0                          # tinygrad's BEAM width the route was judged with (load_beam: at load)
     # Each generated family the route builds, by its key, as the file keeps it (a key of its own in the file);
     # route/families.py knows the keys and reads each as its family's settings. A family off is left out.
     families: dict[str, Any] = field(default_factory=dict)
@@ -67,8 +99,16 @@ class Route:
         return {"format": FORMAT, "version": VERSION, **data, **families}
 
     def opts_by_kernel(self) -> dict[str, tuple]:
-        from tinygrad.codegen.opt import Opt, OptOps
-        return {c.kernel: tuple(Opt(OptOps[o.op], o.axis, o.arg) for o in c.opts) for c in self.choices}
+        """Every kernel the route names, with its opts: BEAM's as compiled, and its choices over them."""
+        return {c.kernel: tuple(o.opt() for o in c.opts) for c in [*self.compiled, *self.choices]}
+
+    def load_beam(self) -> int:
+        """The BEAM width a load runs with: none where the route carries its kernels as BEAM compiled them (every
+        other kernel takes tinygrad's heuristics, as the judged run's prefill did), else the width it was judged with."""
+        return 0 if self.compiled else self.beam
+
+    compiled: list[Compiled] = field(default_factory=list)   # BEAM's choices in the run that judged the route
+    compiler: str | None = None    # what they were compiled for (compiler_of): they hold there only
 
 
 def engine() -> str:
@@ -147,9 +187,50 @@ def load(path: str) -> Route:
         if not all(is_whole(v) for v in c.setting.values()) or not (c.predicted_us is None or is_number(c.predicted_us)):
             raise BadInput(f"{where}: kernel {c.kernel}: setting values must be integers, predicted_us a number")
         for o in c.opts:
-            if o.op not in OPS or not all(v is None or (is_whole(v) and v >= 0) for v in (o.axis, o.arg)):
+            if not o.legal():
                 raise BadInput(f"{where}: kernel {c.kernel}: {o} is not a tinygrad opt")
-    return route
+    return carried(route, d, where)
+
+
+def judged_by(route: Route, trace: str | None) -> Route:
+    """`route` carrying its kernels as the profile `trace`, the run that judged it, compiled them (unchanged
+    where that trace is gone: a load then searches with BEAM again, as it was judged)."""
+    from boltbeam.measure import trace as tracefile
+    if not (trace and os.path.isfile(trace)):
+        return route
+    return carried(route, tracefile.load(trace).route.get("settings", {}), f"trace {trace}")
+
+
+def compiled_of(raw: Any, where: str) -> list[Compiled]:
+    """Kernels as a run compiled them, from a route file or a trace's route settings (Applied.record)."""
+    if not isinstance(raw, list):
+        raise BadInput(f"{where}: compiled must be a list of kernels (kernel, name, opts)")
+    kernels = []
+    for i, c in enumerate(raw):
+        at = f"{where}: compiled kernel {i}"
+        if not (isinstance(c, dict) and isinstance(c.get("opts"), list) and all(isinstance(o, dict) for o in c["opts"])):
+            raise BadInput(f"{at}: expected a table of kernel, name and opts (a list of tables of op, axis and arg)")
+        known_keys(c, [f.name for f in fields(Compiled)], at)
+        for o in c["opts"]:
+            known_keys(o, [f.name for f in fields(RoutedOpt)], f"{at}, an opt")
+        if not (isinstance(c.get("kernel"), str) and KEY.fullmatch(c["kernel"])):
+            raise BadInput(f"{at}: kernel must be a kernel key (24 hex digits)")
+        opts = [RoutedOpt(str(o.get("op")), o.get("axis"), o.get("arg")) for o in c["opts"]]
+        if bad := next((o for o in opts if not o.legal()), None):
+            raise BadInput(f"{at} ({c['kernel']}): {bad} is not a tinygrad opt")
+        kernels.append(Compiled(c["kernel"], str(c.get("name", "")), opts))
+    return kernels
+
+
+def carried(route: Route, settings: dict[str, Any], where: str) -> Route:
+    """`route` carrying the kernels as a run compiled them (`settings`: that run's trace's route settings, or the
+    route file's own), less those its choices name: written after the run that judged it, a load rebuilds them
+    without BEAM."""
+    compiled = compiled_of(settings.get("compiled") or [], where)
+    compiled = [c for c in compiled if c.kernel not in {c.kernel for c in route.choices}]
+    if compiled and not isinstance(settings.get("compiler"), str):
+        raise BadInput(f"{where}: compiled kernels need the compiler they were compiled for (compiler)")
+    return dataclasses.replace(route, compiled=compiled, compiler=settings["compiler"] if compiled else None)
 
 
 def check_applies(route: Route, model_sha256: str | None, engine: str, path: str) -> None:
@@ -157,14 +238,16 @@ def check_applies(route: Route, model_sha256: str | None, engine: str, path: str
     Its kernels' keys hold for one model: a route that names kernels must name the model (its sha256)."""
     if route.engine != engine:
         raise BadInput(f"route {path} was made with {route.engine}; this is {engine}")
-    if route.choices and not route.model_sha256:
-        raise BadInput(f"route {path} names {len(route.choices)} kernel(s) but no model (model_sha256 is null): "
+    if (named := len(route.choices) + len(route.compiled)) and not route.model_sha256:
+        raise BadInput(f"route {path} names {named} kernel(s) but no model (model_sha256 is null): "
                        f"its kernels hold for the model it was made on only")
     if route.model_sha256 and model_sha256 and route.model_sha256 != model_sha256:
         raise BadInput(f"route {path} was made for another model (sha256 {route.model_sha256[:12]}…, "
                        f"this one {model_sha256[:12]}…)")
     if (here := running_device()) is not None and route.device.split(":")[0].upper() != here:
         raise BadInput(f"route {path} was made on {route.device}; this runs on {here}")
+    if route.compiled and (here := running_compiler()) is not None and here != route.compiler:
+        raise BadInput(f"route {path}: its kernels were compiled for {str(route.compiler)[:80]}; this compiles for {here}")
 
 
 def running_device() -> str | None:
@@ -176,6 +259,25 @@ def running_device() -> str | None:
         from tinygrad import Device
         return Device.DEFAULT.split(":")[0].upper()
     return None
+
+
+def compiler_of(renderer) -> str:
+    """What tinygrad compiles for: its renderer and the target's device, language and architecture (BEAM's own
+    cache keys a choice by them)."""
+    t = renderer.target
+    return f"{type(renderer).__name__} " + ":".join([t.device, t.renderer, t.arch]).rstrip(":") + renderer.suffix
+
+
+def running_compiler() -> str | None:
+    """compiler_of this process's device; None before the device is known, or where it does not open (the
+    run says why, in one line, before it loads anything)."""
+    if (dev := running_device()) is None:
+        return None
+    from tinygrad import Device
+    try:
+        return compiler_of(Device[dev].renderer)
+    except Exception:   # tinygrad raises whatever its runtime loader raised
+        return None
 
 
 def routed_label(families: list[str], rest: str) -> str:
@@ -200,8 +302,15 @@ def with_opts(ast, opts: tuple):
 
 @dataclass
 class Applied:
-    """Which routed kernels tinygrad compiled with the route's opts: the intended route ran."""
+    """Which routed kernels tinygrad compiled with the route's opts (the intended route ran), and each kernel
+    compiled with BEAM's opts or the route's, as compiled: what a route written after this run carries."""
     kernels: set[str] = field(default_factory=set)
+    compiled: dict[str, Compiled] = field(default_factory=dict)
+    compiler: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """For the trace's route settings (nothing where no kernel took BEAM's opts or a route's)."""
+        return {"compiled": [asdict(c) for c in self.compiled.values()], "compiler": self.compiler} if self.compiled else {}
 
 
 @contextlib.contextmanager
@@ -223,21 +332,27 @@ def apply(path: str) -> Iterator[Applied]:
 
 @contextlib.contextmanager
 def install(opts_by_kernel: dict[str, tuple]) -> Iterator[Applied]:
-    """While installed, every kernel tinygrad compiles whose key the route names gets its opts."""
-    from tinygrad.codegen.opt import KernelOptError
+    """While installed, every kernel tinygrad compiles whose key the route names gets its opts; each kernel BEAM
+    searches, or the route names, is recorded as compiled."""
     from tinygrad.engine import realize
+    from tinygrad.uop.ops import KernelInfo
     orig = realize.to_program
     applied = Applied()
 
     def to_program(ast, renderer):
-        if ast.arg is None or (opts := opts_by_kernel.get(key := kernel_key(ast))) is None:
+        if not isinstance(ast.arg, KernelInfo):
             return orig(ast, renderer)
-        try:
-            program = orig(with_opts(ast, opts), renderer)
-        except KernelOptError as e:   # an axis past the kernel's, an upcast the axis does not divide into
-            why = re.sub(r"\x1b\[[0-9;]*m", "", str(e))[:200] or type(e).__name__   # (tinygrad colours shapes)
-            raise BadInput(f"route kernel {key}: its opts {', '.join(map(str, opts))} do not fit the kernel ({why})") from None
-        applied.kernels.add(key)
+        opts = opts_by_kernel.get(key := kernel_key(ast))
+        if opts is not None:
+            program = _routed(orig, ast, renderer, key, opts)
+            applied.kernels.add(key)
+        elif ast.arg.beam >= 1 and ast.arg.opts_to_apply is None and ast.tag is None:   # BEAM searches it
+            program = orig(ast, renderer)
+        else:
+            return orig(ast, renderer)
+        applied.compiled[key] = Compiled(key, _plain(program.arg.name),
+                                         [RoutedOpt.of(o) for o in program.src[0].arg.applied_opts])
+        applied.compiler = compiler_of(renderer)
         return program
 
     realize.to_program = to_program
@@ -245,3 +360,19 @@ def install(opts_by_kernel: dict[str, tuple]) -> Iterator[Applied]:
         yield applied
     finally:
         realize.to_program = orig
+
+
+def _routed(orig, ast, renderer, key: str, opts: tuple):
+    """The kernel compiled with the route's opts; opts it cannot take are one line naming the kernel."""
+    try:
+        return orig(with_opts(ast, opts), renderer)
+    except Exception as e:   # tinygrad says an opt does not fit in many ways: KernelOptError, IndexError, TypeError...
+        orig(with_opts(ast, ()), renderer)     # ...where the kernel compiles without them (else its own error stands)
+        why = " ".join(_plain(str(e)).split())[:200]      # (tinygrad's shapes span lines)
+        shown = ", ".join(map(str, opts[:6])) + (f" and {len(opts) - 6} more" if len(opts) > 6 else "")
+        raise BadInput(f"route kernel {key}: its opts {shown} do not fit the kernel ({type(e).__name__}: {why})") from None
+
+
+def _plain(text: str) -> str:
+    """tinygrad's text without its colours."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)

@@ -12,6 +12,8 @@ from boltbeam.errors import Refused
 # (module, dotted name within it, what BoltBeam does with it)
 POINTS = (
     ("tinygrad.engine.realize", "to_program", "replaced while a route installs its kernels' opts (measure/route.py)"),
+    ("tinygrad.uop.ops", "KernelInfo.beam", "read to tell a kernel BEAM searches, recorded for the route (measure/route.py)"),
+    ("tinygrad.uop.ops", "KernelInfo.applied_opts", "read: the opts a kernel was compiled with (measure/route.py)"),
     ("tinygrad.engine.realize", "track_stats", "replaced while the recorder times a token (measure/tinygrad_run.py)"),
     ("tinygrad.engine.realize", "get_graph_runtime", "read by the recorder for a graph's kernels"),
     ("tinygrad.engine.jit", "run_linear", "replaced by the recorder (JIT calls) and called by direct replay"),

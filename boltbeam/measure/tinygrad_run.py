@@ -510,6 +510,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied:
         run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare)
         run.route = (route[0], route[1], applied) if route else None
+        run.applied = applied
         trace = run.trace(model_hash)
         if host_profile:
             run.host_profile(host_profile)
@@ -721,6 +722,7 @@ class _Run:
     launched: list[LaunchTimed] = []              # the tokens timed per launch beside the timed ones (CUDA)
     decoded_per_launch = 0                        # tokens decoded as such (kept in `launched` or not)
     route: tuple[str, Route, Any] | None = None   # (path, route, the kernels it applied to) when routed
+    applied: Any = None                           # the kernels compiled with BEAM's or the route's opts
 
     def _route(self) -> dict[str, Any]:
         """The route label says what ran: a search's route only when every kernel it names was applied."""
@@ -733,14 +735,17 @@ class _Run:
         if self.route is None:
             return {"label": prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),
                     "switch": switch or ("boltbeam profile --beam 0" if beam else None),
-                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **families, **env}}
+                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **families, **env,
+                                 **self.applied.record()}}
         path, route, applied = self.route
-        named = {c.kernel for c in route.choices}
+        named, carried = {c.kernel for c in route.choices}, {c.kernel for c in route.compiled}
         ran = len(named & applied.kernels)
         return {"label": prefix + ("boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})"),
                 "switch": f"boltbeam profile --route none (or {SWITCH}=none)",
                 "settings": {"route": path, "family": route.family, "provenance": route.provenance,
-                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env}}
+                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env,
+                             **({"kernels_carried": len(carried), "carried_applied": len(carried & applied.kernels)}
+                                if carried else {}), **applied.record()}}
 
     def _trace(self, plain: list[_Step], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version

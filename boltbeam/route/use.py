@@ -74,13 +74,14 @@ def tokenizer_of(kv: dict) -> tuple[Any, list[str]]:
     if kv.get("tokenizer.ggml.model") != "gpt2" or not {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"} <= kv.keys():
         raise BadInput(f"tinygrad.llm's tokenizer reads byte-level BPE vocabularies (tokenizer.ggml.model gpt2); "
                        f"this file's is {kv.get('tokenizer.ggml.model')!r}")
-    try:
-        return SimpleTokenizer.from_gguf_kv(kv), []
-    except ValueError:
-        pre, default = kv.get("tokenizer.ggml.pre"), inspect.signature(SimpleTokenizer).parameters["preset"].default
-        return SimpleTokenizer.from_gguf_kv({**kv, "tokenizer.ggml.pre": default}), [
-            f"tinygrad.llm's tokenizer has no pre-tokenizer {pre!r}: the text is split its default ({default}) way, "
-            f"so digits and contractions may take other tokens than the model's own tokenizer gives them"]
+    pre, default = kv.get("tokenizer.ggml.pre"), inspect.signature(SimpleTokenizer).parameters["preset"].default
+    if pre is not None:
+        with contextlib.suppress(ValueError):     # a pre-tokenizer it does not name
+            return SimpleTokenizer.from_gguf_kv(kv), []
+    why = f"tinygrad.llm's tokenizer has no pre-tokenizer {pre!r}" if pre is not None else "the file names no pre-tokenizer"
+    return SimpleTokenizer.from_gguf_kv({**kv, "tokenizer.ggml.pre": default}), [
+        f"{why}: the text is split its default ({default}) way, so digits and contractions may take other tokens "
+        f"than the model's own tokenizer gives them"]
 
 
 @contextlib.contextmanager
@@ -99,8 +100,9 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), positions
     build = families(routed_path, flags)           # before minutes of loading: a bad setting is one line now
     r = routed_path[1] if routed_path else None
     from tinygrad import Context
-    # The route was judged with its BEAM width: the kernels it leaves to tinygrad are searched with it.
-    with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.beam if r else 0):
+    # The route was judged with its BEAM width: the kernels it leaves to tinygrad are searched with it, unless it
+    # carries them as BEAM compiled them (Route.load_beam).
+    with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.load_beam() if r else 0):
         tokenizer, notes = tokenizer or tokenizer_of(tokenizer_kv(model))
         # the cache sized as profile and the search size it: a route's kernel keys hold its shape
         net = architectures.load(pathlib.Path(model), kv_positions(census, positions), census)
