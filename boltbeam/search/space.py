@@ -9,6 +9,7 @@ axis it does not divide. Nothing here runs on a device or asks the compiler.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import tomllib
@@ -84,12 +85,20 @@ class Space:
 
 def families(text: str | None = None) -> dict[str, Family]:
     """The families of data/spaces.toml (or of `text`), checked: a malformed family is bad input."""
-    text = text if text is not None else resources.files("boltbeam.data").joinpath("spaces.toml").read_text()
+    if text is None:
+        return dict(_packaged())
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise BadInput(f"spaces.toml: not valid TOML ({e})") from None
     return {name: _family(name, body) for name, body in data.items()}
+
+
+@functools.cache
+def _packaged() -> dict[str, Family]:
+    """data/spaces.toml's families, read once a process: every setting made (a search makes thousands) checks
+    its knobs against them."""
+    return families(resources.files("boltbeam.data").joinpath("spaces.toml").read_text())
 
 
 def _family(name: str, body: Any) -> Family:
