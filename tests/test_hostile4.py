@@ -144,3 +144,14 @@ def test_a_prompt_within_bounds_reaches_the_tokenizer(tiny_model, prompt, capsys
     monkeypatch.setenv("DEV", "CPU")          # (generate sets it; the test leaves the process as it found it)
     said_once(capsys, 2, main(["generate", tiny_model, "--prompt", prompt, "--max-tokens", "1"]), "stopped")
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("tokens, types", [(["a", "\u4e00"], [1, 1]), (["a", "b", "c"], [1]), (["a", 7], [1, 1])],
+                         ids=["a-piece-no-byte-spells", "fewer-types", "a-number"])
+def test_a_vocabulary_tinygrads_tokenizer_cannot_read_is_one_line(tokens, types):
+    """A GGUF file that says gpt2 but holds no byte-level vocabulary was a KeyError inside tinygrad.llm's
+    tokenizer, in generate and in use.load."""
+    from boltbeam.route import use
+    with pytest.raises(BadInput, match="not byte-level BPE"):
+        use.tokenizer_of({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+                          "tokenizer.ggml.token_type": types})

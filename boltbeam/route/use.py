@@ -75,13 +75,17 @@ def tokenizer_of(kv: dict) -> tuple[Any, list[str]]:
         raise BadInput(f"tinygrad.llm's tokenizer reads byte-level BPE vocabularies (tokenizer.ggml.model gpt2); "
                        f"this file's is {kv.get('tokenizer.ggml.model')!r}")
     pre, default = kv.get("tokenizer.ggml.pre"), inspect.signature(SimpleTokenizer).parameters["preset"].default
-    if pre is not None:
-        with contextlib.suppress(ValueError):     # a pre-tokenizer it does not name
-            return SimpleTokenizer.from_gguf_kv(kv), []
-    why = f"tinygrad.llm's tokenizer has no pre-tokenizer {pre!r}" if pre is not None else "the file names no pre-tokenizer"
-    return SimpleTokenizer.from_gguf_kv({**kv, "tokenizer.ggml.pre": default}), [
-        f"{why}: the text is split its default ({default}) way, so digits and contractions may take other tokens "
-        f"than the model's own tokenizer gives them"]
+    try:
+        if pre is not None:
+            with contextlib.suppress(ValueError):     # a pre-tokenizer it does not name
+                return SimpleTokenizer.from_gguf_kv(kv), []
+        why = f"tinygrad.llm's tokenizer has no pre-tokenizer {pre!r}" if pre is not None else "the file names no pre-tokenizer"
+        return SimpleTokenizer.from_gguf_kv({**kv, "tokenizer.ggml.pre": default}), [
+            f"{why}: the text is split its default ({default}) way, so digits and contractions may take other tokens "
+            f"than the model's own tokenizer gives them"]
+    except (KeyError, IndexError, TypeError) as e:   # a piece no byte spells, fewer types than tokens, a number
+        raise BadInput(f"the file's vocabulary is not byte-level BPE as tinygrad.llm's tokenizer reads it "
+                       f"({type(e).__name__}: {str(e)[:40]})") from None
 
 
 @contextlib.contextmanager
