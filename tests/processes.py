@@ -10,6 +10,10 @@ from typing import Callable
 
 from boltbeam.measure import trace as tracefile
 
+# The depth of the tiny model's shared traces: the whole-token searches' own (their judge takes 5 tokens at least),
+# so the default route's trace is also their baseline, and every trace's greedy tokens compare with every other's.
+DEPTH = ("--context", "4", "--tokens", "5")
+
 
 def profile(model: str, out, *extra: str) -> tracefile.Trace:
     cmd = [sys.executable, "-m", "boltbeam", "profile", model, "--device", "CPU", "--out", str(out), "--json", *extra]

@@ -21,6 +21,7 @@ from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.route import constants, layout
 from boltbeam.search.future import PER_KERNEL_FACT, Calibration
+from tests.processes import DEPTH
 from tests.test_profile import profile, refuses, refuses_routes
 
 ROWS, COLS = 8, 512
@@ -133,16 +134,32 @@ def test_constants_are_found_by_what_they_read():
     assert not constants.is_constant(Tensor.arange(16).float()[pos.bind(3)] + 1)
 
 
-def test_profile_with_the_families_on_cpu(tiny_model, profiled):
-    paths = {name: profiled(tiny_model, "--context", "4", "--tokens", "2", *flags) for name, flags in (
-        ("default", ()), ("layout", ("--layout", "float32:expanded")), ("once", ("--constants-once",)),
-        ("stacked", ("--layout", "float32:kernel:stacked")))}      # stacked: the generated kernel, on stacked planes
+@pytest.fixture(scope="module")
+def constants_search(tiny_model, tiny_default, shared):
+    """`search --family constants_once` at DEPTH against the shared default trace, made once a run: its folder
+    and summary. Its one candidate's profile (`profile --constants-once`, in a process of its own) is also the
+    constants-once trace the families' profile test reads."""
+    from tests.processes import once
+    from tests.test_search import _ok, _run, whole_search_cmd
+    out = shared / "constants_once"
+    cmd = [*whole_search_cmd(tiny_model, "constants_once", shared / "constants_once.sqlite"),
+           "--baseline", str(tiny_default.path), "--out", str(out)]
+    made = once(shared / "constants_once.json", lambda path: path.write_text(_ok(_run(cmd)).stdout))
+    return out, json.loads(made.read_text())
+
+
+def test_profile_with_the_families_on_cpu(tiny_model, profiled, tiny_default, kernel_form, constants_search):
+    _, searched = constants_search
+    paths = {"default": tiny_default.path, "layout": profiled(tiny_model, *DEPTH, "--layout", "float32:expanded"),
+             "once": searched["candidates"][0]["trace"],
+             "stacked": kernel_form.path}      # stacked: the generated kernel, on stacked planes
     default, routed, once, stacked = (tracefile.load(paths[n]) for n in ("default", "layout", "once", "stacked"))
     lay = routed.route["settings"]["families"]["generated-layout"]
     assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
     assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
     # The same greedy tokens, and every weight role still found: the classifier follows the new planes.
     assert routed.output_tokens == default.output_tokens == once.output_tokens == stacked.output_tokens
+    assert stacked.route["label"] == "generated-layout + boltbeam-search"      # built from a route file's layout
     roles = lambda t: sorted(k.role for k in t.kernels_of_token(0) if k.category == "weights")
     assert roles(routed) == roles(default) == roles(once)
     # Stacked: one product a block for gate and up (and for the query and key), named by every tensor it
@@ -326,7 +343,7 @@ def test_futuresight_on_split_attention_settings(tiny_model):
         attention.decode_kernels(Tensor.empty(1, 4, 1, 16), Tensor.empty(1, 2, 8, 16), 32, lanes=True)
 
 
-def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, profiled, tmp_path):
+def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refuted(tiny_model, tiny_default, tmp_path):
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure.route import engine
     from tests.test_search import CPU_TARGETS, _ok, _run
@@ -335,18 +352,18 @@ def test_search_judges_each_layout_setting_whole_and_skips_what_the_ledger_refut
         led.append(candidate="repacked_layout float32:factored", verdict="refute", reasons=["two kernels a product"],
                    scope={"setting": "float32:factored"}, evidence=[], reopen=f"engine!={engine()}", actor="test")
     out = tmp_path / "layout"
-    base = profiled(tiny_model, "--context", "4", "--tokens", "5")     # the default route, as the search would profile it
+    base = tiny_default.path     # the default route at the search's depth, as the search would profile it
     done = _ok(_run([sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
-                     "--targets", CPU_TARGETS, "--family", "repacked_layout", "--context", "4", "--tokens", "5",
-                     "--ledger", str(ledger), "--out", str(out), "--budget", "3", "--baseline", str(base), "--json"]))
+                     "--targets", CPU_TARGETS, "--family", "repacked_layout", *DEPTH,
+                     "--ledger", str(ledger), "--out", str(out), "--budget", "2", "--baseline", str(base), "--json"]))
     summary = json.loads(done.stdout)
     cands = summary["candidates"]
     assert [c["predicted_us"] for c in cands] == sorted(c["predicted_us"] for c in cands) and len(cands) == 12
     by_ledger = [c for c in cands if c["skipped"] and "two kernels a product" in c["skipped"]]
     assert [c["setting"] for c in by_ledger] == ["float32:factored"]
-    # The budget: FutureSight's three best predicted settings the ledger does not hold are judged, no more.
+    # The budget: FutureSight's two best predicted settings the ledger does not hold are judged, no more.
     judged = [c for c in cands if not c["skipped"]]
-    assert len(judged) == 3 and all("budget" in c["skipped"] for c in cands if c["skipped"] and c not in by_ledger)
+    assert len(judged) == 2 and all("budget" in c["skipped"] for c in cands if c["skipped"] and c not in by_ledger)
     assert cands.index(judged[-1]) < min(cands.index(c) for c in cands if c["skipped"] and c not in by_ledger)
     assert all(c["verdict"] in VERDICTS and c["median_us"] > 0 for c in judged)
     with Ledger(ledger, create=False) as led:
@@ -479,10 +496,10 @@ def test_stacked_planes_give_each_layer_its_own_product():
     assert layout._stack_key(q6) != layout._stack_key(parts[0])
 
 
-def test_search_refuses_a_baseline_of_another_route(tiny_model, profiled, tmp_path, capsys):
+def test_search_refuses_a_baseline_of_another_route(tiny_model, tiny_default, tmp_path, capsys):
     """--baseline must be the default route at the search's depth and BEAM width: one line, nothing written."""
     from tests.test_search import CPU_TARGETS
-    base = profiled(tiny_model, "--context", "4", "--tokens", "5")
+    base = tiny_default.path
     out = tmp_path / "layout"
     cmd = ["search", tiny_model, "--device", "CPU", "--target", "host-like", "--targets", CPU_TARGETS, "--family",
            "repacked_layout", "--tokens", "5", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(out), "--baseline", str(base)]
@@ -496,28 +513,26 @@ def test_search_refuses_a_baseline_of_another_route(tiny_model, profiled, tmp_pa
     assert "repacked_layout" in capsys.readouterr().err and not out.exists()
 
 
-def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
+def test_split_attention_searched_on_a_route(tiny_model, kernel_form, tmp_path, capsys):
     """search --family split_attention --on ROUTE: each setting judged whole on top of the route's layout,
-    against the route alone; a route that already splits attention is refused, and profile builds a
-    route's split attention itself."""
-    from boltbeam.files import sha256_file
+    against the route alone (the shared profile of it, which the search checks is that route's); a route
+    that already splits attention is refused, and profile builds a route's split attention itself."""
     from boltbeam.measure import route as routes
     from boltbeam.route import attention
     from tests.test_search import CPU_TARGETS, _ok, _run
-    on = routes.Route(sha256_file(tiny_model), routes.engine(), "CPU", "host-like", "repacked_layout",
-                      "generated by search", [], families={"layout": {"scale_dtype": "float32", "form": "expanded"}})
-    routes.save(on, tmp_path / "on.json")
+    on = routes.load(str(kernel_form.route))
     out, ledger = tmp_path / "split", tmp_path / "ledger.sqlite"
     cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "host-like",
-           "--targets", CPU_TARGETS, "--family", "split_attention", "--context", "40", "--tokens", "5",
+           "--targets", CPU_TARGETS, "--family", "split_attention", *DEPTH,
            "--ledger", str(ledger), "--budget", "1", "--json"]
-    summary = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "on.json"), "--out", str(out)])).stdout)
+    summary = json.loads(_ok(_run([*cmd, "--on", str(kernel_form.route), "--baseline", str(kernel_form.path),
+                                   "--out", str(out)])).stdout)
     judged = [c for c in summary["candidates"] if not c["skipped"]]
     assert len(summary["candidates"]) == 20 and len(judged) == 1 and judged[0]["verdict"] in VERDICTS
     assert judged[0] == summary["candidates"][0]            # FutureSight's first
     ran = tracefile.load(str(out / f"split_attention_{judged[0]['setting'].replace(':', '_')}.json"))
     assert ran.route["label"] == "generated-layout + split-attention + boltbeam-search"
-    assert tracefile.load(str(out / "baseline.json")).route["label"] == "generated-layout + boltbeam-search"
+    assert summary["baseline"] == str(kernel_form.path) and not (out / "baseline.json").exists()
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
         assert route.families["layout"] == on.families["layout"]
@@ -525,7 +540,7 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
     # A route's BEAM width is the search's unless --beam says otherwise, as profile runs it: a baseline
     # made without BEAM is then refused.
     routes.save(dataclasses.replace(on, beam=2), tmp_path / "beam.json")
-    done = _run([*cmd, "--on", str(tmp_path / "beam.json"), "--baseline", str(out / "baseline.json"), "--out", str(tmp_path / "b")])
+    done = _run([*cmd, "--on", str(tmp_path / "beam.json"), "--baseline", str(kernel_form.path), "--out", str(tmp_path / "b")])
     assert done.returncode == 2 and "BEAM width 0" in done.stderr and not (tmp_path / "b").exists()
     # A route that splits already (written before `carried`: off) is searched again: its own setting is the
     # baseline, not a candidate, and the candidate judged replaces it.
@@ -548,9 +563,10 @@ def test_split_attention_searched_on_a_route(tiny_model, tmp_path, capsys):
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
-def test_profile_with_split_attention(tiny_model, profiled, tmp_path, capsys):
-    default = tracefile.load(profiled(tiny_model, "--context", "20", "--tokens", "2"))
-    split = tracefile.load(profiled(tiny_model, "--context", "20", "--tokens", "2", "--split-attention", "16:staged"))
+def test_profile_with_split_attention(tiny_model, profiled, tiny_default, tmp_path, capsys):
+    """At DEPTH the decode reaches past position 16: the later tokens read the cache in two chunks of 16."""
+    default = tracefile.load(tiny_default.path)
+    split = tracefile.load(profiled(tiny_model, *DEPTH, "--split-attention", "16:staged"))
     fam = split.route["settings"]["families"]["split-attention"]
     assert split.route["label"] == "split-attention + tinygrad-scheduler"
     assert fam["chunk"] == 16 and fam["staged"] is True
@@ -578,15 +594,14 @@ def test_profile_with_split_attention(tiny_model, profiled, tmp_path, capsys):
         ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false")))
 
 
-def test_search_judges_constants_once_whole(tiny_model, profiled, tmp_path):
+def test_search_judges_constants_once_whole(tiny_model, constants_search, tmp_path):
     """search --family constants_once: its one setting judged on the whole token against the route without
-    it (here tinygrad's own); a route that already computes its constants once is refused."""
+    it (here tinygrad's own, the shared default trace); a route that already computes its constants once is
+    refused."""
     from boltbeam.measure import route as routes
-    from tests.test_search import _ok, _run, whole_search_cmd
-    out = tmp_path / "once"
+    from tests.test_search import _run, whole_search_cmd
+    out, summary = constants_search
     cmd = whole_search_cmd(tiny_model, "constants_once", tmp_path / "ledger.sqlite")
-    base = profiled(tiny_model, "--context", "4", "--tokens", "5")     # the default route, as the search would profile it
-    summary = json.loads(_ok(_run([*cmd, "--baseline", str(base), "--out", str(out)])).stdout)
     (only,) = summary["candidates"]
     assert only["setting"] == "once" and only["verdict"] in VERDICTS and only["predicted_bytes"] == 0
     assert only["predicted_terms"] == ["computed once at load"]

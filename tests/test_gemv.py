@@ -19,6 +19,7 @@ from boltbeam.route import gemv, layout
 from boltbeam.route.gemv import Geometry
 from boltbeam.search import choose
 from boltbeam.search.future import PER_KERNEL_FACT, Calibration
+from tests.processes import DEPTH
 from tests.test_families import blocks, reference
 from tests.test_profile import refuses, refuses_routes
 
@@ -244,10 +245,9 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
         assert "measured generated_kernel" in sight[odd.flag].terms
 
 
-def test_profile_with_a_geometry_on_cpu(tiny_model, profiled, tmp_path, capsys):
-    default = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2"))
-    geo = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2",
-                                  "--layout", "float32:kernel", "--gemv", "1:32:2:16"))
+def test_profile_with_a_geometry_on_cpu(tiny_model, profiled, tiny_default, tmp_path, capsys):
+    default = tracefile.load(tiny_default.path)
+    geo = tracefile.load(profiled(tiny_model, *DEPTH, "--layout", "float32:kernel", "--gemv", "1:32:2:16"))
     fam = geo.route["settings"]["families"]["gemv-geometry"]
     assert geo.route["label"] == "generated-layout + gemv-geometry + tinygrad-scheduler"
     assert (fam["lanes_per_row"], fam["rows_per_group"], fam["rows_per_thread"], fam["load_bytes"]) == (1, 32, 2, 16)
@@ -286,17 +286,18 @@ def kernel_route(model: str, tmp_path):
     return threads, on
 
 
-def test_search_judges_geometries_on_a_kernel_form_route(tiny_model, tmp_path):
+def test_search_judges_geometries_on_a_kernel_form_route(tiny_model, kernel_form, tmp_path):
     """search --family gemv --on ROUTE: BubbleBeam's legal geometries in FutureSight's order, the best
-    judged whole against the route without them; the route it writes keeps the layout and the geometry."""
+    judged whole against the route without them (the shared profile of such a route); the route it writes
+    keeps the layout and the geometry."""
     from boltbeam.measure import route as routes
     from tests.test_search import _ok, _run
     threads, on = kernel_route(tiny_model, tmp_path)
     out, ledger = tmp_path / "gemv", tmp_path / "ledger.sqlite"
     cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "cpu-with-groups",
-           "--targets", str(threads), "--family", "gemv", "--context", "4", "--tokens", "5", "--ledger", str(ledger),
-           "--budget", "1", "--json"]
-    summary = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "on.json"), "--out", str(out)])).stdout)
+           "--targets", str(threads), "--family", "gemv", *DEPTH, "--ledger", str(ledger), "--budget", "1", "--json"]
+    summary = json.loads(_ok(_run([*cmd, "--on", str(tmp_path / "on.json"), "--baseline", str(kernel_form.path),
+                                   "--out", str(out)])).stdout)
     legal, rejected = choose.space(gemv.FAMILY, get_target("cpu-with-groups", [str(threads)]))
     assert len(summary["candidates"]) == len(legal) and summary["rejected_by_reason"] == dict(rejected)
     cands = summary["candidates"]
@@ -446,10 +447,12 @@ def test_an_earlier_searchs_fastest_go_first(tmp_path):
             alone.earlier_times(str(summary))
 
 
-def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_model, tmp_path):
+def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_model, kernel_form, tmp_path):
     """search --family gemv --alone K: each product of the route's layout timed alone at its K best predicted
-    geometries, and the geometry for each product judged first; its route keeps a geometry per product,
-    as profile --route reads it back (gemv.read). --alone goes with --family gemv only."""
+    geometries, an earlier search's fastest first (--alone-from), and the geometry for each product judged
+    first; its route keeps a geometry per product, as profile --route reads it back (gemv.read), and
+    its summary is what a later --alone-from reads, each product's fastest first. --alone goes with --family
+    gemv only."""
     from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
     from boltbeam.route import gemv
@@ -458,14 +461,20 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
     threads, on = kernel_route(tiny_model, tmp_path)
     out = tmp_path / "gemv"
     cmd = [sys.executable, "-m", "boltbeam", "search", tiny_model, "--device", "CPU", "--target", "cpu-with-groups",
-           "--targets", str(threads), "--context", "4", "--tokens", "5", "--ledger", str(tmp_path / "l.sqlite"),
-           "--budget", "1", "--json"]
-    summary = json.loads(_ok(_run([*cmd, "--family", "gemv", "--alone", "2", "--seconds-per-kernel", "30",
-                                   "--on", str(tmp_path / "on.json"), "--out", str(out)])).stdout)
+           "--targets", str(threads), *DEPTH, "--ledger", str(tmp_path / "l.sqlite"), "--budget", "1", "--json"]
+    # An earlier search's times: for each product, the last legal geometry that divides it, timed fastest there.
     shapes = alone.shapes(take_census(tiny_model), layout.Setting(**on.families["layout"]))
+    legal = choose.space(gemv.FAMILY, get_target("cpu-with-groups", [str(threads)]))[0]
+    earlier = {gemv.product_key(s.planes()): [g for g in legal if g.divides(s.planes())][-1].flag for s in shapes}
+    (tmp_path / "earlier.json").write_text(json.dumps({"alone": [
+        {"key": key, "timed": [{"geometry": flag, "median_us": 1.0}]} for key, flag in earlier.items()]}))
+    summary = json.loads(_ok(_run([*cmd, "--family", "gemv", "--alone", "2", "--seconds-per-kernel", "30",
+                                   "--alone-from", str(tmp_path / "earlier.json"), "--on", str(tmp_path / "on.json"),
+                                   "--baseline", str(kernel_form.path), "--out", str(out)])).stdout)
     timed = summary["alone"]
-    assert sorted(p["key"] for p in timed) == sorted(gemv.product_key(s.planes()) for s in shapes)
+    assert sorted(p["key"] for p in timed) == sorted(earlier)
     assert all(0 < len(p["timed"]) <= 2 and p["best_us"] == min(r["median_us"] for r in p["timed"]) for p in timed)
+    assert all(p["from_earlier"] == 1 and p["timed"][0]["geometry"] == earlier[p["key"]] for p in timed)
     first = summary["candidates"][0]
     assert first["predicted_terms"] == ["timed alone"] and not first["skipped"] and first["verdict"] in VERDICTS
     assert first["predicted_us"] == pytest.approx(sum(p["count"] * p["best_us"] for p in timed))
@@ -474,12 +483,9 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
     assert all(c["skipped"] for c in summary["candidates"][1:])     # the budget: one judged
     ran = tracefile.load(first["trace"])
     assert ran.route["settings"]["families"]["gemv-geometry"]["per_product"] == first["setting"]
-    # Again from this search's times (against its baseline, the same route): each product's fastest are timed first.
-    again = json.loads(_ok(_run([*cmd, "--family", "gemv", "--alone", "2", "--seconds-per-kernel", "30",
-                                 "--alone-from", str(out / "search.json"), "--on", str(tmp_path / "on.json"),
-                                 "--baseline", str(out / "baseline.json"), "--out", str(tmp_path / "from")])).stdout)
-    fastest = {p["key"]: p["best"] for p in timed}
-    assert all(p["from_earlier"] == 1 and p["timed"][0]["geometry"] == fastest[p["key"]] for p in again["alone"])
+    # What a later search reads back from this one's summary (--alone-from): each product's times, fastest first.
+    again = alone.earlier_times(str(out / "search.json"))
+    assert {key: geometries[0].flag for key, geometries in again.items()} == {p["key"]: p["best"] for p in timed}
     if summary["chosen"]:
         assert summary["chosen_trace"] == first["trace"]
         route = routes.load(str(out / "route.json"))

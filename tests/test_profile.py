@@ -39,18 +39,17 @@ def refuses_routes(model: str, tmp_path, capsys, route: dict, key: str, cases) -
 
 
 @pytest.fixture(scope="module")
-def tiny_trace(tiny_model, profiled):
-    out = profiled(tiny_model, "--context", "8", "--tokens", "3")
-    return out, tracefile.load(out)
+def tiny_trace(tiny_default):
+    """The default route at DEPTH: context 4, 5 tokens (conftest's shared trace)."""
+    return tiny_default.path, tracefile.load(tiny_default.path)
 
 
-def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tmp_path, capsys):
-    report = tmp_path / "host.txt"
-    t = profile(tiny_model, tmp_path / "t.json", "--context", "4", "--tokens", "2", "--host-profile", str(report))
-    text = report.read_text()
-    assert text.startswith("# the host's time over 2 plain decode tokens")
+def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tiny_default, tmp_path, capsys):
+    text = tiny_default.host_profile.read_text()      # written by the same run as the shared trace
+    assert text.startswith("# the host's time over 5 plain decode tokens")
     assert "engine/jit.py" in text and "__call__" in text     # tinygrad's JIT replay, where a token's launches start
-    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 2           # its tokens come after the trace's, not in it
+    t = tracefile.load(tiny_default.path)
+    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 5           # its tokens come after the trace's, not in it
     refuses(tiny_model, tmp_path, capsys, ["--engine", "llama.cpp", "--host-profile", str(tmp_path / "h")],
             "--engine llama.cpp")
     refuses(tiny_model, tmp_path, capsys, ["--host-profile", str(tmp_path)], "is a folder")   # before loading
@@ -58,16 +57,16 @@ def test_host_profile_says_where_the_hosts_time_goes(tiny_model, tmp_path, capsy
 
 def test_trace_holds_both_passes(tiny_model, tiny_trace):
     _, t = tiny_trace
-    assert len(t.token_wall_us) == 3 and len(t.kernel_pass_wall_us) == 3
-    assert t.kernel_tokens == [0, 1, 2]
+    assert len(t.token_wall_us) == 5 and len(t.kernel_pass_wall_us) == 5
+    assert t.kernel_tokens == [0, 1, 2, 3, 4]
     # prefill + 2 warm-up tokens for the plain JIT, 3 for the timed JIT, then plain and timed alternating
-    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 3
+    assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 5
     assert t.kernel_pass.timing == "hcq" and t.kernel_pass.in_graph      # tinygrad's own graph timestamps
-    assert t.kernel_pass.jit_calls == [1, 1, 1] and min(t.kernel_pass.graph_launches) >= 1
+    assert t.kernel_pass.jit_calls == [1] * 5 and min(t.kernel_pass.graph_launches) >= 1
     assert t.environment["engine"] == "tinygrad" and t.environment["engine_version"] == "0.13.0"
     assert t.environment["model_sha256"] == sha256_file(tiny_model)
-    assert t.workload["context"] == 8 and t.route["label"] == "tinygrad-scheduler"
-    per_token = [len(t.kernels_of_token(i)) for i in range(3)]
+    assert t.workload["context"] == 4 and t.route["label"] == "tinygrad-scheduler"
+    per_token = [len(t.kernels_of_token(i)) for i in range(5)]
     assert per_token[0] > 10 and len(set(per_token)) == 1     # the same kernels every token
     for k in t.kernels:
         assert k.duration_us >= 0 and k.start_us is not None
@@ -178,15 +177,15 @@ def test_a_machine_without_the_device_is_one_line(tiny_model, tmp_path, capsys):
     assert "tinygrad cannot open CUDA here" in err and err.count("\n") == 1 and not out.exists()
 
 
-def test_launch_cost_is_measured_and_counted(tiny_model, profiled, tmp_path, capsys):
+def test_launch_cost_is_measured_and_counted(tiny_model, tiny_default, tmp_path, capsys):
     """measure-target --launch decodes calibration models with profile's own timing, brackets included, so
     its facts are BRACKETED; the account of a bracketed trace measures launch and sync on the token and
     says what the facts would have counted (their value times the token's launches)."""
     from boltbeam.bound.measure_target import target_toml
     from boltbeam.bound.targets import get_target
     from boltbeam.measure.launch_cost import BRACKETED, LaunchCost, calibration_samples
-    samples = calibration_samples("CPU", 256, tokens=4, depths=(1, 3))
-    assert [s.blocks for s in samples] == [1, 3] and samples[0].kernels < samples[1].kernels
+    samples = calibration_samples("CPU", 256, tokens=4, depths=(1, 2))
+    assert [s.blocks for s in samples] == [1, 2] and samples[0].kernels < samples[1].kernels
     assert all(s.timing == "hcq" and len(s.plain_wall_us) == len(s.span_us) == len(s.lead_us) == 4 for s in samples)
     assert all(len(s.timing_cost_us) == 4 for s in samples)    # the device's stamps bracket every token
     # the fit is tested on its own (test_launch_fit); here the facts' way into the account
@@ -197,7 +196,7 @@ def test_launch_cost_is_measured_and_counted(tiny_model, profiled, tmp_path, cap
          "read_samples_s": [1.0], "copy_samples_s": [1.0], "launch": dataclasses.asdict(cost)}
     toml.write_text(target_toml("cal", "calibrated here", m))
     assert get_target("cal", [str(toml)]).facts["launch_sync_per_call"].method == BRACKETED
-    trace = profiled(tiny_model, "--context", "8", "--tokens", "3")
+    trace = tiny_default.path
     main(["account", str(trace), "--model", tiny_model, "--target", "cal", "--targets", str(toml), "--json"])
     d = json.loads(capsys.readouterr().out)
     kernels = len(tracefile.load(trace).kernels_of_token(0))

@@ -76,23 +76,24 @@ def test_read_token_reads_the_buffer_or_falls_back_to_item():
     assert replay.read_token(Tensor([[7, 8]], dtype="int32").realize()[:, 1:]) == 8     # a view: item() reads it
 
 
-def test_profile_and_search_with_direct_replay(tiny_model, profiled, tmp_path):
+def test_profile_and_search_with_direct_replay(tiny_model, tiny_default, tmp_path):
+    """search --family direct_replay judges its one setting against the default route; the setting's profile
+    (`profile --direct-replay`, in a process of its own) gives tinygrad's tokens with the same kernels."""
     from boltbeam.measure import route as routes
     from boltbeam.measure import trace as tracefile
     from tests.test_search import _ok, _run, whole_search_cmd
-    default = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2"))
-    direct = tracefile.load(profiled(tiny_model, "--context", "4", "--tokens", "2", "--direct-replay"))
+    out = tmp_path / "search"
+    base = tiny_default.path     # the default route at the search's depth, as the search would profile it
+    summary = json.loads(_ok(_run([*whole_search_cmd(tiny_model, "direct_replay", tmp_path / "ledger.sqlite"),
+                                   "--baseline", str(base), "--out", str(out)])).stdout)
+    (only,) = summary["candidates"]
+    assert only["setting"] == "direct" and only["verdict"] in VERDICTS and only["predicted_terms"] == ["host time only"]
+    default, direct = tracefile.load(base), tracefile.load(only["trace"])
     fam = direct.route["settings"]["families"]["direct-replay"]
     assert direct.route["label"] == "direct-replay + tinygrad-scheduler"
     assert fam["applied"] == fam["eligible"] > 0 and fam["bytes"] == 0
     assert direct.output_tokens == default.output_tokens
     assert [k.name for k in direct.kernels_of_token(0)] == [k.name for k in default.kernels_of_token(0)]   # same kernels
-    out = tmp_path / "search"
-    base = profiled(tiny_model, "--context", "4", "--tokens", "5")     # the default route, as the search would profile it
-    summary = json.loads(_ok(_run([*whole_search_cmd(tiny_model, "direct_replay", tmp_path / "ledger.sqlite"),
-                                   "--baseline", str(base), "--out", str(out)])).stdout)
-    (only,) = summary["candidates"]
-    assert only["setting"] == "direct" and only["verdict"] in VERDICTS and only["predicted_terms"] == ["host time only"]
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
         assert route.families == {"direct_replay": True}

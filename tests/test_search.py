@@ -28,7 +28,7 @@ from boltbeam.ledger.store import Ledger
 from boltbeam.measure import trace as tracefile
 from boltbeam.search.future import REJECT_RATIO, Work, foresee, predict
 from boltbeam.search.space import SPLITS, WHICH, KernelShape, families, propose, searchable
-from tests.processes import once
+from tests.processes import DEPTH, once
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
 H200 = get_target("h200")
@@ -378,16 +378,16 @@ def _ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def search_cmd(model: str, out: Path, ledger: Path, *extra: str) -> list[str]:
+    """`boltbeam search` per kernel on the CPU's target; its judge at 5 tokens a side (its minimum)."""
     return [sys.executable, "-m", "boltbeam", "search", model, "--device", "CPU", "--target", "host-like",
-            "--targets", CPU_TARGETS, "--context", "8", "--budget", "2", "--ledger", str(ledger),
+            "--targets", CPU_TARGETS, "--context", "8", "--tokens", "5", "--budget", "2", "--ledger", str(ledger),
             "--out", str(out), "--json", *extra]
 
 
 def whole_search_cmd(model: str, family: str, ledger: Path) -> list[str]:
     """`boltbeam search` of one whole-token family on the CPU's target at a short depth (the caller adds --out)."""
     return [sys.executable, "-m", "boltbeam", "search", model, "--device", "CPU", "--target", "host-like",
-            "--targets", CPU_TARGETS, "--family", family, "--context", "4", "--tokens", "5", "--ledger", str(ledger),
-            "--json"]
+            "--targets", CPU_TARGETS, "--family", family, *DEPTH, "--ledger", str(ledger), "--json"]
 
 
 def profile_cmd(model: str, route: str, out: Path) -> list[str]:
@@ -403,27 +403,22 @@ def runs(tiny_model, shared):
 
 
 def _runs(tiny_model: str, shared: Path) -> SimpleNamespace:
-    """First: the search with its judge, beside the kernel capture and a profile without a route.
-    Then: the search again (from the ledger), beside a profile with the first search's route."""
+    """First: the search with its judge (whose two profiles, without and with the route it writes, the tests
+    read), beside the kernel capture. Then: the search again, from the ledger."""
     base = shared / "search"
     base.mkdir()
     ledger = base / "ledger.sqlite"
     script = base / "kernels.py"
     script.write_text(KERNELS_SCRIPT)
-    r = SimpleNamespace(base=base, ledger=ledger, first_out=base / "first", second_out=base / "second",
-                        routed_trace=base / "routed.json", unrouted_trace=base / "unrouted.json")
+    r = SimpleNamespace(base=base, ledger=ledger, first_out=base / "first", second_out=base / "second")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(_run, search_cmd(tiny_model, r.first_out, ledger))
-        side = pool.submit(lambda: (_run([sys.executable, str(script), tiny_model, CPU_TARGETS]),
-                                    _run(profile_cmd(tiny_model, "none", r.unrouted_trace))))
-        r.first = first.result()
-        r.kernels, r.unrouted = side.result()
-        _ok(r.first)
-        with Ledger(ledger, create=False) as led:
-            r.entries_after_first = led.entries()
-        second = pool.submit(_run, search_cmd(tiny_model, r.second_out, ledger, "--no-judge"))
-        routed = pool.submit(_run, profile_cmd(tiny_model, str(r.first_out / "route.json"), r.routed_trace))
-        r.second, r.routed = second.result(), routed.result()
+        side = pool.submit(_run, [sys.executable, str(script), tiny_model, CPU_TARGETS])
+        r.first, r.kernels = first.result(), side.result()
+    _ok(r.first)
+    with Ledger(ledger, create=False) as led:
+        r.entries_after_first = led.entries()
+    r.second = _run(search_cmd(tiny_model, r.second_out, ledger, "--no-judge"))
     with Ledger(ledger, create=False) as led:
         r.entries_after_second = led.entries()
         r.verified = led.verify()
@@ -436,11 +431,10 @@ def kernels(runs):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_every_legal_setting_builds_and_tinygrad_refuses_locals_on_cpu(kernels, runs):
+def test_every_legal_setting_builds_and_tinygrad_refuses_locals_on_cpu(kernels, runs, first):
     assert kernels["kernels"] == kernels["keys"] > 10 and kernels["min_launches"] >= 1
-    # The capture counts the same launches a decode token makes, as profile sees them.
-    _ok(runs.unrouted)
-    assert kernels["launches"] == len(tracefile.load(runs.unrouted_trace).kernels_of_token(0))
+    # The capture counts the same launches a decode token makes, as profile sees them (the judge's baseline).
+    assert kernels["launches"] == len(tracefile.load(runs.first_out / "baseline.json").kernels_of_token(0))
     checked = kernels["checked"]
     assert len(checked) == 3 and sum(c["reduce"] is None for c in checked) == 1
     for c in checked:
@@ -544,18 +538,16 @@ def test_second_search_reuses_the_ledger(runs, first, second):
 
 
 def test_profile_with_and_without_the_route(runs, first):
-    _ok(runs.routed)
-    _ok(runs.unrouted)
-    routed = tracefile.load(runs.routed_trace)
+    """The judge's two whole tokens, each `boltbeam profile` in a process of its own: with `--route none` and
+    with the route file the search wrote, every kernel it names applied."""
+    routed = tracefile.load(runs.first_out / "candidate.json")
+    unrouted = tracefile.load(runs.first_out / "baseline.json")
     assert routed.route["label"] == "boltbeam-search"
     s = routed.route["settings"]
     assert s["kernels_applied"] == s["kernels_routed"] == first["routed_kernels"] > 0
     assert s["route"] == str(runs.first_out / "route.json") and s["provenance"] == "generated by search"
-    assert tracefile.load(runs.unrouted_trace).route["label"] == "tinygrad-scheduler"
-    # the judge's own profiles, inside the first search, ran the same two ways
-    assert tracefile.load(runs.first_out / "baseline.json").route["label"] == "tinygrad-scheduler"
-    assert tracefile.load(runs.first_out / "candidate.json").route["label"] == "boltbeam-search"
-    assert len(routed.kernels_of_token(0)) == len(tracefile.load(runs.unrouted_trace).kernels_of_token(0))
+    assert unrouted.route["label"] == "tinygrad-scheduler" and unrouted.route["settings"]["beam"] == 0
+    assert len(routed.kernels_of_token(0)) == len(unrouted.kernels_of_token(0))
 
 
 # --- bad input: one line, exit 2, nothing written ------------------------------------------------
