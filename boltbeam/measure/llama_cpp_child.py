@@ -33,7 +33,7 @@ class Request:
 @dataclass
 class RawRun:
     """What the child measured, before any interpretation. Timed tokens alternate: one timed per kernel, then
-    one timed per launch; marks on CUPTI's clock before each `llama_decode` and after its token is read back."""
+    one timed per launch; marks on CUPTI's clock before each `lc.llama_decode` and after its token is read back."""
     walls_us: list[float]               # plain tokens
     timed_walls_us: list[float]         # tokens timed per kernel
     marks_ns: list[tuple[int, int]]     # per timed token (each kind, in the order they ran), CUPTI's clock
@@ -124,7 +124,7 @@ def run(req: Request) -> RawRun:
     _tick("prefill")
 
     def step(clock=time.perf_counter_ns) -> tuple[int, int]:
-        """One token: the clock before `llama_decode` and after the token is read back."""
+        """One token: the clock before `lc.llama_decode` and after the token is read back."""
         before = clock()
         out.append(llm.decode([out[-1]]))
         return before, clock()

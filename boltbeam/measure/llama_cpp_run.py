@@ -7,8 +7,8 @@ tinygrad's profile uses, warm up, decode the plain tokens users get (nothing rec
 then turn CUPTI on and decode the timed tokens, each timed per kernel and then one timed per launch (CUPTI's
 graph records and the graph-launch calls, no kernel instrumented: what the per-kernel records cost, and
 launch and sync measured on tokens nearly plain), flushed once. Host marks on CUPTI's clock before each
-`llama_decode` and after its token is read back. Greedy tokens, one decode call of one token per step,
-`llama_synchronize` and the logits read back each step, as a chat session does. This process turns the
+`lc.llama_decode` and after its token is read back. Greedy tokens, one decode call of one token per step,
+`lc.llama_synchronize` and the logits read back each step, as a chat session does. This process turns the
 child's raw records into the trace.
 
 llama.cpp's kernels carry no tensor: which weight each one reads is found afterwards from facts
