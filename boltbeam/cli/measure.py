@@ -77,7 +77,8 @@ def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     prepare = families(route, family_flags(args))      # before minutes of loading: a bad setting is one line now
     from boltbeam.measure.tinygrad_run import profile
     host = getattr(args, "host_profile", None)      # (profile's flag; audit has none)
-    per_launch = args.tokens if args.device == "CUDA" and args.timing in (None, "cupti") else 0   # tokens timed per launch
+    from boltbeam.measure.graph_timing import per_launch_on
+    per_launch = args.tokens if args.device == "CUDA" and args.timing in (None, "cupti") and per_launch_on() else 0
     with _decode_bar("loading and compiling", 2 * (args.warmup + args.tokens) + (args.tokens if host else 0)
                      + per_launch) as tick:
         return profile(model, args.device, context=args.context, tokens=args.tokens, warmup=args.warmup,

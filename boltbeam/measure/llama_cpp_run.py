@@ -166,7 +166,8 @@ def _trace(model: str, prompt: list[int], raw: RawRun, timed: list[_Timed], laun
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "timing": f"in the graph replay: CUPTI activity records of every kernel of llama.cpp's own "
                               f"CUDA graphs, flushed once after the measured tokens (cupti-python {raw.cupti_python}); "
-                              f"one decode call per token; beside each such token one timed per launch (graph records "
-                              f"and graph-launch calls only)",
+                              f"one decode call per token"
+                              + ("; beside each such token one timed per launch (graph records and graph-launch "
+                                 "calls only)" if launched else ""),
                     "notes": [f"kernels launched outside a graph per token: {sorted(set(outside))}", *raw.notes],
                     "inputs": [{"path": model, "sha256": None}]})

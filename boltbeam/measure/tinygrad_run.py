@@ -10,9 +10,10 @@ Plain tokens and timed tokens over one loaded model:
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
     JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
     by one instead, where no in-graph timing can be had, and the trace says so.
-  - on CUDA, beside each timed token one timed per launch: CUPTI's graph records alone (each graph's
-    device start and end, no kernel instrumented), so the device time recording every kernel adds,
-    and the launch and sync of a token nearly plain, are measured on the tokens themselves.
+  - on CUDA, where asked (graph_timing.PER_LAUNCH_ENV: it crashed cuGraphLaunch on an H200), beside each
+    timed token one timed per launch: CUPTI's graph records alone (each graph's device start and end, no
+    kernel instrumented), so the device time recording every kernel adds, and the launch and sync of a
+    token nearly plain, are measured on the tokens themselves.
   Per timed token the trace also keeps the JIT replays and graph launches the host made, and per
   token (plain and timed) the host's time before its first launch and its bracket: the
   account counts launch and synchronization cost on them.
