@@ -100,6 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="MODEL.gguf:CONTEXT[,CONTEXT...]")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers llama.cpp offloads (-1: all, on a GPU build)")
     args = ap.parse_args()
     import llama_cpp as lc
     lc.llama_backend_init()
@@ -107,7 +108,7 @@ def main() -> None:
     for run in args.runs:
         path, contexts = run.rsplit(":", 1)
         mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = 0
+        mp.n_gpu_layers = args.gpu_layers
         model = lc.llama_model_load_from_file(path.encode(), mp)
         if not model:
             sys.exit(f"llama.cpp cannot load {path}")
@@ -122,12 +123,13 @@ def main() -> None:
             records.append(record)
             print(record["file"], name, len(prompt), record["flash"]["tokens"], record["plain"]["tokens"], flush=True)
         lc.llama_model_free(model)
-    doc = {"engine": "llama.cpp", "binding": f"llama-cpp-python {lc.__version__}", "device": "CPU",
+    doc = {"engine": "llama.cpp", "binding": f"llama-cpp-python {lc.__version__}",
+           "device": "GPU" if args.gpu_layers else "CPU", "gpu_layers": args.gpu_layers,
            "machine": machine(),
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(["python", "bench/reference_tokens.py", *sys.argv[1:]]),
            "decoding": "greedy: argmax of the last position's logits; the prompt in batches of 512; margins: each "
-                       "step's largest logit less the next; flash and plain: llama.cpp's two CPU attention paths",
+                       "step's largest logit less the next; flash and plain: llama.cpp's two attention paths",
            "paths": PATHS, "texts": TEXTS,
            "runs": records}
     pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -23,8 +23,9 @@ from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import Opt, OptOps
 
 from boltbeam.bound.targets import get_target
-from boltbeam.route.alone import Shape, kernel_asts, random_planes, time_alone, time_product
-from boltbeam.route.choose import GEMV
+from boltbeam.search.alone import Shape, kernel_asts, random_planes, time_alone, time_product
+from boltbeam.route import gemv
+from boltbeam.search.choose import space
 from boltbeam.search.future import calibration
 
 SECONDS_PER_SHAPE = 30    # then the rest of FutureSight's order goes untimed (the output says how many)
@@ -45,7 +46,7 @@ def main(out, reps=20, shrink=1):
     rng = np.random.default_rng(0)
     target = get_target("h200")
     cal = calibration("h200")
-    geometries = GEMV.space(target)[0]
+    geometries = space(gemv.FAMILY, target)[0]
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "reps": reps,
               "shrink": shrink, "device": Device.DEFAULT, "shapes": []}
     for name, rows, cols, bits, group, offset, beam_opts in SHAPES:

@@ -17,7 +17,7 @@ import numpy as np
 from tinygrad import Device
 
 from boltbeam.bound.targets import get_target
-from boltbeam.route.alone import Shape, time_product
+from boltbeam.search.alone import Shape, time_product
 from boltbeam.route.gemv import Geometry, PerProduct
 from boltbeam.search.future import calibration
 

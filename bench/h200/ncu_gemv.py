@@ -15,7 +15,7 @@ import numpy as np
 def main(specs: list[str]) -> None:
     from tinygrad import Device, Tensor
 
-    from boltbeam.route.alone import Shape, random_planes
+    from boltbeam.search.alone import Shape, random_planes
     from boltbeam.route.gemv import Geometry
     rng = np.random.default_rng(0)
     for spec in specs:
