@@ -34,7 +34,8 @@ def greedy(path: str, prompt: list[int], tokens: int, engine: str, flags: dict) 
     positions = len(prompt) + tokens + 1
     with contextlib.ExitStack() as inside:
         if engine == "routed":
-            net = inside.enter_context(use.load(path, None, use.Flags(**flags), positions=positions)).net
+            net = inside.enter_context(use.load(path, None, use.Flags(**flags), positions=positions,
+                                                   tokenizer=(None, []))).net    # prompt ids given: no tokenizer
         elif engine == "fitted":
             net = load(path, positions, take_census(path))
         else:
