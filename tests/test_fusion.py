@@ -299,7 +299,12 @@ def test_a_gated_feed_forward_is_the_blocks_own_in_fewer_kernels(tiny_model, pro
     assert ff(xs).uop is ff.original(xs).uop and ff(Tensor(x)).uop is not ff.original(Tensor(x)).uop
     # A block whose gate and up are not the layout's generated kernel keeps its own; none such: one line.
     bare, _ = Transformer.from_gguf(tiny_model, 8)
-    with pytest.raises(BadInput, match="no block here has one"):
+    with pytest.raises(BadInput, match="no block has one"):
+        fusion.install(bare, census, tiny_model, fusion.Fusion(gated=1))
+    # Blocks whose feed-forward is another formula (an adapter's, e.g. GELU): the line says that, not --layout.
+    for b in bare.blk:
+        b.__class__ = type("OtherFormula", (type(b),), {"_feed_forward": lambda self, x: x})
+    with pytest.raises(BadInput, match="SiLU-gated formula"):
         fusion.install(bare, census, tiny_model, fusion.Fusion(gated=1))
     folded = tracefile.load(profiled(tiny_model, *DEPTH, "--layout", "float32:kernel:stacked", "--fusion", "gated"))
     plain = tracefile.load(kernel_form.path)

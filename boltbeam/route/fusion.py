@@ -202,8 +202,13 @@ def install(net, census, model_path: str, fusion: Fusion) -> Prepared:
         blocks = getattr(net, "blk", [])
         fused = [b for b in blocks if _dense_feed_forward(b)]
         if not fused:
+            from tinygrad.llm.model import FFNBlock
+            why = ("no block's feed-forward is tinygrad.llm's SiLU-gated formula (the file's architecture computes "
+                   "another)" if blocks and all(getattr(type(b), "_feed_forward", None) is not FFNBlock._feed_forward
+                                                for b in blocks)
+                   else "no block has one (run with --layout SCALES:kernel[:stacked])")
             raise BadInput(f"model {model_path}: --fusion gated fuses a dense feed-forward whose gate and up run the "
-                           f"layout's generated kernel; no block here has one (run with --layout SCALES:kernel[:stacked])")
+                           f"layout's generated kernel; {why}")
         for b in fused:
             b._feed_forward = GatedFeedForward(b, b._feed_forward)
         prepared.eligible += len(blocks)
