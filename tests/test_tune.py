@@ -1,17 +1,24 @@
 """`boltbeam tune`: the whole-token families one after another on the tiny model, each promoted setting composing
 the route; a second tune on the same ledger profiles nothing and writes the same route; the time budget kept;
-bad input one line, nothing written."""
+the order FutureSight's predicted savings give; the output held to llama.cpp's tokens with --reference (the
+stand-in binding); bad input one line, nothing written."""
 import json
 
 import pytest
+from markupsafe import escape
 
 from boltbeam.cli import main
 from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.ledger.store import Ledger
 from boltbeam.measure import route as routes
 from boltbeam.route import layout
-from boltbeam.search import choose
+from boltbeam.bound.targets import get_target
+from boltbeam.measure.route import Route, engine
+from boltbeam.read.census import take_census
+from boltbeam.route.families import BY_NAME
+from boltbeam.search import choose, tune
 from tests.test_hostile3 import one_line
+from tests.test_llama import with_fakes
 from tests.test_search import CPU_TARGETS
 
 FAMILIES = "repacked_layout,constants_once"
@@ -67,6 +74,12 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert first["start_us"] == judged[0]["before_us"] and first["final_us"] == (last or [first["start_us"]])[-1]
     page = (out / "report.html").read_text()
     assert "The journey" in page and "<svg" in page and "tinygrad&#39;s own route" in page
+    # No family is on tinygrad's route, so FutureSight predicts no saving: spaces.toml's order, each saying why;
+    # the output held to tinygrad's default route alone, and said so.
+    assert [o["family"] for o in first["order"]] == FAMILIES.split(",")
+    assert all(o["gain_us"] is None and "spaces.toml's order" in o["why"] and o["best_us"] >= 0 for o in first["order"])
+    assert first["checked_against"] == tune.DEFAULT_ONLY and first["reference"] is None
+    assert str(escape(tune.DEFAULT_ONLY)) in page and "The order" in page
 
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.
     route_bytes = (out / "route.json").read_bytes()
@@ -77,7 +90,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert (out / "route.json").read_bytes() == route_bytes
     assert [(s["setting"], s["verdict"], s["ledger_id"], s["after_us"], s["promoted"]) for s in again["steps"]] == \
         [(s["setting"], s["verdict"], s["ledger_id"], s["after_us"], s["promoted"]) for s in first["steps"]]
-    assert not any(s["timed"] for s in again["steps"])
+    assert not any(s["timed"] for s in again["steps"]) and again["order"] == first["order"]
     with Ledger(ledger, create=False) as led:
         assert len(led.entries()) == len(entries)
 
@@ -90,6 +103,46 @@ def test_tune_keeps_to_its_minutes(tiny_model, tmp_path, profiles, capsys):
     assert profiles == [] and done["profiles"] == 0 and done["out_of_time"]
     assert done["steps"] and all(s["skipped"].startswith("out of time") and s["verdict"] is None for s in done["steps"])
     assert routes.load(str(out / "route.json")).families == {}
+
+
+def test_with_reference_a_setting_off_llama_cpps_tokens_is_not_promoted(tiny_model, tmp_path, profiles, monkeypatch,
+                                                                         capsys):
+    """--reference: llama.cpp's greedy tokens (the stand-in binding's, always 3) decoded once on the same prompt ids;
+    the layout's setting, which keeps the tiny model's own tokens, is refuted on them and the route stays tinygrad's
+    own; tune.json, the ledger, the page and the output say what the output was held to."""
+    with_fakes(monkeypatch)
+    out, ledger = tmp_path / "held", tmp_path / "ledger.sqlite"
+    args = tune_args(tiny_model, out, ledger, "--reference")
+    args[args.index(FAMILIES)] = "repacked_layout"
+    assert main(args) == 0
+    done = json.loads(capsys.readouterr().out)
+    reference = done["reference"]
+    assert "llama.cpp" in reference["engine"] and set(reference["output_tokens"]) == {3}
+    assert done["checked_against"] == f"checked against {reference['engine']}'s greedy tokens on the same prompt ids"
+    [step] = [s for s in done["steps"] if s["verdict"]]
+    assert step["verdict"] == "refute" and not step["promoted"] and len(profiles) == 2
+    assert step["reasons"][0].startswith("the output is not the reference's") and "where" in step["reasons"][0]
+    assert routes.load(str(out / "route.json")).families == {}
+    with Ledger(ledger, create=False) as led:
+        assert led.entries()[0].scope["reference"] == reference
+    assert reference["engine"] in (out / "report.html").read_text()
+
+
+def test_the_order_runs_first_the_family_predicted_to_save_most(tiny_model):
+    """Where the route runs a setting of a family, FutureSight predicts what its best saves against it, and that
+    family goes before one of no predicted saving that spaces.toml puts first; with none predicted, spaces.toml's."""
+    target = get_target("host-like", [CPU_TARGETS])
+    census = take_census(tiny_model)
+    split, once = BY_NAME["split_attention"], BY_NAME["constants_once"]
+    start = Route("x", engine(), "CPU", target.name, "tune", "generated by search", [])
+    candidates, _ = choose.foreseen(split, census, 4, target, ("r", start))
+    on = ("r", choose.with_setting(split, start, candidates[-1].setting, "x", "CPU", target.name, 0))
+    gains = {f.name: tune.gain(f, census, 4, target, on) for f in (once, split)}
+    assert gains["constants_once"] is None
+    assert gains["split_attention"] == pytest.approx(candidates[-1].predicted_us - candidates[0].predicted_us)
+    assert gains["split_attention"] > 0 and tune.first_of([once, split], gains) is split
+    assert tune.first_of([once, split], {"constants_once": None, "split_attention": None}) is once
+    assert tune.first_of([once, split], {"constants_once": None, "split_attention": -1.0}) is once
 
 
 def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, tmp_path, profiles, capsys):
@@ -109,6 +162,7 @@ def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, t
     (["--tokens", "4"], "--tokens >= 5"),
     (["--families", "repacked_layout,nope"], "unknown nope"),
     (["--target", "nope"], "unknown target 'nope'"),
+    (["--reference"], "needs llama-cpp-python"),      # no binding here (the stand-in is not on the path)
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, change, says, capsys):
     out = tmp_path / "out"

@@ -108,13 +108,9 @@ def _profile(args: argparse.Namespace) -> int:
     from boltbeam.read.census import take_census
     model = resolve_model(args)
     if args.reference:
-        if args.engine != "tinygrad":
-            raise BadInput("--reference compares tinygrad's tokens with llama.cpp's: not with --engine llama.cpp")
-        if importlib.util.find_spec("llama_cpp") is None:      # before minutes of profiling
-            raise BadInput("--reference decodes through llama.cpp: it needs llama-cpp-python (pip install "
-                           "llama-cpp-python)")
+        check_reference(args.engine)
     trace = decode_trace(args, model)
-    gate = _reference(trace, model) if args.reference else None
+    gate = reference(trace, model) if args.reference else None
     code = _save_and_summarize(trace, args, f"profiled {model}")
     if gate is not None:
         report.console().print(gate.sentence)
@@ -125,7 +121,16 @@ def _profile(args: argparse.Namespace) -> int:
     return code
 
 
-def _reference(trace: Trace, model: str):
+def check_reference(engine: str = "tinygrad") -> None:
+    """--reference (profile, audit, tune): one line, before minutes of profiling, where llama.cpp cannot decode."""
+    if engine != "tinygrad":
+        raise BadInput("--reference compares tinygrad's tokens with llama.cpp's: not with --engine llama.cpp")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise BadInput("--reference decodes through llama.cpp: it needs llama-cpp-python (pip install "
+                       "llama-cpp-python)")
+
+
+def reference(trace: Trace, model: str):
     """llama.cpp's greedy tokens on the trace's own prompt ids, kept in the trace, against tinygrad's (the judge's
     reference gate, no tolerance)."""
     from boltbeam.judge.judge import reference_gate

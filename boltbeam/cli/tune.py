@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "first (default: every legal one, as time allows)")
     p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order "
                    "(default: every one)")
+    p.add_argument("--reference", action="store_true", help="hold each setting's output to llama.cpp's greedy tokens on "
+                   "the same prompt ids (its Python binding, llama-cpp-python; decoded once, nothing timed), not only "
+                   "to tinygrad's default route's: a setting whose tokens differ is not promoted")
     p.add_argument("--json", action="store_true", help="print tune.json")
     p.set_defaults(func=run, out_files=lambda a: list(OUTPUTS))
 
@@ -50,9 +53,12 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.read.census import take_census
     from boltbeam.report.page import render_tune
-    from boltbeam.search.tune import tunable, tune
+    from boltbeam.search.tune import reference_of, tunable, tune
     if not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1):
         raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0 and --budget >= 1")
+    if args.reference:
+        from boltbeam.cli.measure import check_reference
+        check_reference()
     families = tunable(args.families.split(",") if args.families else None)
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
@@ -60,16 +66,20 @@ def run(args: argparse.Namespace) -> int:
     check_depth(census, args.context, args.tokens)
     out = output_dir(args.out)
     sha = sha256_file(model)
-    with Ledger(args.ledger) as ledger, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "profiles",
-            TimeElapsedColumn(), TimeRemainingColumn(), console=report.console(), transient=True) as bar:
+    reference = None
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "profiles",
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=report.console(), transient=True) as bar:
         task = bar.add_task("tune", total=None)
+        if args.reference:      # once, before the ledger or a trace is written: a refusal leaves nothing behind
+            bar.update(task, description="llama.cpp's reference tokens on the same prompt ids")
+            reference = reference_of(model, census, args.device, args.context, args.tokens)
         deadline = time.monotonic() + args.minutes * 60
         say = lambda what: bar.update(task, description=escape(
             f"{what} ({max(0.0, deadline - time.monotonic()) / 60:,.1f} min of the budget left)"))
         left = lambda n: bar.update(task, total=bar.tasks[0].completed + n)
-        done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out, families,
-                           args.budget, args.minutes, say, lambda: bar.advance(task), left)
+        with Ledger(args.ledger) as ledger:
+            done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
+                               families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})
@@ -97,6 +107,13 @@ def _print(done, out) -> None:
     if done.out_of_time:
         con.print(f"out of time: the {done.minutes:g} minute(s) were spent; a second tune on the same ledger goes on "
                   f"from here")
+    for s in judged:
+        if not s.promoted and s.reasons:
+            con.print(f"not promoted: {s.family} {s.setting}, {s.verdict}: {escape(s.reasons[0])}")
+    con.print("the order: " + "; ".join(
+        f"{o.family} ({'predicted to save ' + format(o.gain_us, ',.1f') + ' µs' if o.gain_us is not None else 'no saving predicted'})"
+        for o in done.order))
+    con.print(f"the output: {done.checked_against}")
     con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "
               f"({len(done.promoted)} setting(s) promoted); {done.profiles} whole token(s) profiled now, "
               f"{sum(not s.timed for s in judged)} verdict(s) read from the ledger, in {done.seconds:,.0f} s")

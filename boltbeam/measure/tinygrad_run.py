@@ -438,6 +438,9 @@ def _buffer_ids(tensors) -> set[int]:
     return out
 
 
+WARMUP = 3     # tokens decoded before measuring, by default: the decode JIT captures on its second call
+
+
 def prompt_tokens(context: int, vocabulary: int) -> list[int]:
     """A fixed prompt of `context` tokens (at least one), the same for every run of a model."""
     return [1] + [(7919 * i) % vocabulary for i in range(1, max(1, context))]
@@ -465,7 +468,15 @@ def default_timing(device: str) -> str:
     return "cupti" if device.startswith("CUDA") else "hcq"
 
 
-def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3, model_hash: bool = True,
+def decoded(tokens: int, warmup: int, timing: str, host_profile: bool = False) -> int:
+    """The most tokens a profile decodes after its prefill: each pass's warm-ups (hcq captures a second JIT for its
+    timed tokens), the plain and timed tokens, one more timed per launch beside each timed one on CUDA, and the
+    host profile's."""
+    passes = 3 if timing == "hcq" else 2
+    return passes * warmup + (2 + (timing == "cupti") + host_profile) * tokens
+
+
+def profile(model: str, device: str, context: int, tokens: int, warmup: int = WARMUP, model_hash: bool = True,
             beam: int = 0, timing: str | None = None, progress: Callable[[str, int], None] | None = None,
             route: tuple[str, Route] | None = None,
             prepare: list[Callable[[Any, Census, str], Prepared]] | None = None,
@@ -498,9 +509,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = 3,
     cupti = Cupti() if timing == "cupti" else None    # fails here, before minutes of loading, if it is missing
     path = pathlib.Path(model)
     prompt = prompt_tokens(context, census.facts.vocabulary)
-    passes = 3 if timing == "hcq" else 2               # hcq captures a second JIT for its timed tokens
-    # plain and timed tokens, one more timed per launch beside each timed one on CUDA, and the host profile's
-    needed = len(prompt) + passes * warmup + (2 + (timing == "cupti") + bool(host_profile)) * tokens + 2
+    needed = len(prompt) + decoded(tokens, warmup, timing, bool(host_profile)) + 2
     max_context = kv_positions(census, needed)
     if census.facts.context_length and needed > census.facts.context_length:
         raise BadInput(f"context {context} plus {needed - len(prompt)} decoded tokens exceeds the model's "

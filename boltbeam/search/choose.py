@@ -64,6 +64,14 @@ class Candidate:
         return self.setting.flag
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A reference engine's greedy tokens on the prompt ids every profile decodes: what "output still correct"
+    holds a setting to, in place of the route it goes on."""
+    engine: str
+    output_tokens: list[int]
+
+
 @dataclass
 class Choice:
     family: str
@@ -205,26 +213,15 @@ def recalled(ledger, candidate_id: str, key: dict[str, Any]):
                  if all(canonical(e.scope.get(k)) == canonical(v) for k, v in key.items())), None)
 
 
-def choose(family: Family, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
-           sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
-           baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
-           alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
-           deadline: float | None = None, ran: Callable[[], None] = lambda: None) -> Choice:
-    """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
-    (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
-    against that route as it is (BEAM width `beam` on both
-    sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
-    promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
-    at most `alone` a product and `seconds` of its own, an earlier search's fastest first where `earlier`,
-    from alone.earlier_times, holds them), and the geometry for each product is judged first.
-    With `recall`, a setting the ledger judged in exactly this scope keeps that verdict and is not timed
-    again, and the baseline is profiled only when a setting runs. No setting starts after `deadline`
-    (time.monotonic()); `ran` is called after each profile."""
+def foreseen(family: Family, census, context: int, target: Target, on: tuple[str, Route] | None = None
+             ) -> tuple[list[Candidate], Counter]:
+    """FutureSight, on the CPU before any token runs: the family's legal settings the model can take as candidates
+    on the route `on` (path, route; None: tinygrad's own), predicted best first, and the rejected by reason."""
     path_on, route_on = on if on else ("none", None)
     settings_on = of_route(route_on, path_on) if route_on else {}
     cal = calibration(target.name)
     legal, rejected = legal_space(family, target)
-    candidates = []     # FutureSight first: on the CPU, before any token runs
+    candidates = []
     for s in legal:
         if why := family.unfit(census, s):      # the model's shape, not the chip, rules it out: counted as rejected
             rejected[f"the model: {why}"] += 1
@@ -236,9 +233,33 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     # has not seen), then the legal space's order.
     current = route_on.families.get(family.key) if route_on else None
     candidates.sort(key=lambda c: (c.predicted_us, _knobs_changed(c.setting.stored(), current)))
+    return candidates, rejected
+
+
+def choose(family: Family, model: str, census, device: str, context: int, tokens: int, target: Target, ledger,
+           sha: str, out: Path, say: Callable[[str], None] = lambda s: None, beam: int = 0, budget: int | None = None,
+           baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
+           alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
+           deadline: float | None = None, ran: Callable[[], None] = lambda: None,
+           reference: Reference | None = None) -> Choice:
+    """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
+    (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
+    against that route as it is (BEAM width `beam` on both
+    sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
+    promoted one wins. gemv with `alone`: first each product's geometries are timed alone (per_product,
+    at most `alone` a product and `seconds` of its own, an earlier search's fastest first where `earlier`,
+    from alone.earlier_times, holds them), and the geometry for each product is judged first.
+    With `recall`, a setting the ledger judged in exactly this scope keeps that verdict and is not timed
+    again, and the baseline is profiled only when a setting runs. No setting starts after `deadline`
+    (time.monotonic()); `ran` is called after each profile. With `reference`, a setting's output is held to the
+    reference engine's tokens (the judge's reference gate), and the ledger's scope says so."""
+    path_on, route_on = on if on else ("none", None)
+    candidates, rejected = foreseen(family, census, context, target, on)
+    current = route_on.families.get(family.key) if route_on else None
     products = []
     if alone:
-        first, products = per_product(census, route_on, legal, target, cal, alone, seconds, say, earlier)
+        first, products = per_product(census, route_on, legal_space(family, target)[0], target,
+                                      calibration(target.name), alone, seconds, say, earlier)
         candidates[:0] = [first] if first else []
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
 
@@ -256,7 +277,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         base()
     scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
              "beam": beam, "context": context, "tokens": tokens, "on": label_of(route_on, beam),
-             "route": route_settings(route_on)}
+             "route": route_settings(route_on), "reference": asdict(reference) if reference else None}
     base_us = median(baseline[1].token_wall_us) if baseline else None
     tried = 0
     for c in candidates:
@@ -293,7 +314,9 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         trace = tracefile.load(str(path))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
         j = judge(trace_base, trace, Checks(expected_route=label_of(route_on, beam, labels(expected.families)),
-                                            candidate_id=candidate_id, reopen=f"engine!={engine()}"))
+                                            candidate_id=candidate_id, reopen=f"engine!={engine()}",
+                                            reference_tokens=reference.output_tokens if reference else None,
+                                            reference_engine=reference.engine if reference else None))
         c.verdict, c.reasons = j.verdict, j.reasons
         c.median_us = median(trace.token_wall_us)
         c.ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={

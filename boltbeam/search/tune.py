@@ -3,11 +3,22 @@ families reach, one family at a time (`boltbeam tune`).
 
 Each family in turn has its settings judged on the whole token against the route so far (search/choose.py:
 BubbleBeam's legal settings, FutureSight's best first, each in a fresh process, the judge's verdict in the
-ledger); the fastest promoted setting joins the route, and its profile is the next family's baseline. A
-family the route or the target cannot take (the generated kernel's families before a kernel-form layout, a
-target where no setting is legal) is skipped with the reason. A verdict the ledger holds in exactly the same
-scope is read, not timed again, so a second tune on the same ledger times nothing and writes the same route.
-No setting starts after the deadline.
+ledger); the fastest promoted setting joins the route, and its profile is the next family's baseline.
+
+The order: of the families the route so far can take (what a family builds on is there: gemv and fusion need
+the layout's generated kernel), the one whose best legal setting FutureSight predicts saves the most against
+what the route runs in its place goes first. FutureSight prices a family's own settings, so it predicts a
+saving only where the route already runs one of them; where the route runs tinygrad's own kernels in the
+family's place, their time is known only once the route is profiled, and no saving is predicted: those
+families keep spaces.toml's order (the build order, route/families.py), after any predicted to save. The order
+is FutureSight's alone (the CPU's, before any token runs), so a second tune takes the same one. A family the
+route or the target can never take (no kernel-form layout was promoted; no setting legal there) is skipped
+with the reason.
+
+"Output still correct" is the route so far's greedy tokens (so, step by step, tinygrad's default route's), or,
+with a reference (llama.cpp's greedy tokens on the same prompt ids), the reference's. A verdict the ledger
+holds in exactly the same scope (the route, the reference...) is read, not timed again, so a second tune on
+the same ledger times nothing and writes the same route. No setting starts after the deadline.
 """
 from __future__ import annotations
 
@@ -21,9 +32,12 @@ from boltbeam.errors import BadInput
 from boltbeam.measure import route as routes
 from boltbeam.measure.route import Route, engine
 from boltbeam.route.family import Family
-from boltbeam.search.choose import WHOLE_TOKEN, baseline_of, check_on, choose, legal_space, with_setting
+from boltbeam.route.families import of_route
+from boltbeam.search.choose import (WHOLE_TOKEN, Reference, baseline_of, check_on, choose, foreseen, legal_space,
+                                    with_setting)
 
 BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
+DEFAULT_ONLY = "checked against tinygrad's default route only"
 
 
 def tunable(names: list[str] | None = None) -> list[Family]:
@@ -64,6 +78,40 @@ class Skip:
 
 
 @dataclass
+class Outlook:
+    """FutureSight's view of a family on the route so far, as its turn came: its best legal setting's prediction,
+    and what that saves against the route's own setting of the family, where the route runs one."""
+    family: str
+    best: str | None           # its best predicted setting (None: none the model can take)
+    best_us: float | None
+    gain_us: float | None      # None: not predicted (why says why)
+    why: str | None = None
+
+
+NOT_PREDICTED = ("FutureSight prices the family's settings, not the tinygrad kernels the route so far runs in their "
+                 "place: their time waits on the route's profile, so it keeps spaces.toml's order")
+
+
+def gain(family: Family, census, context: int, target: Target, on: tuple[str, Route]) -> float | None:
+    """FutureSight's predicted saving of the family's best setting on the route `on` (path, route): its prediction
+    of the route's own setting of the family less the best's; None where the route sets none."""
+    settings = of_route(on[1], on[0])
+    if family.key not in settings:
+        return None
+    from boltbeam.search.future import calibration
+    candidates, _ = foreseen(family, census, context, target, on)
+    now = family.foresee(census, settings[family.key], context, target, calibration(target.name), settings)
+    return now.us(target) - candidates[0].predicted_us if candidates else None
+
+
+def first_of(ready: list[Family], gains: dict[str, float | None]) -> Family:
+    """The family to run next of those the route can take (in spaces.toml's order): the one predicted to save the
+    most, where one is predicted to save anything; else the first."""
+    saving = [f for f in ready if (gains[f.name] or 0) > 0]
+    return max(saving, key=lambda f: gains[f.name]) if saving else ready[0]
+
+
+@dataclass
 class Tune:
     """What tune did: every step, the families skipped and why, the route's token before and after."""
     model: str
@@ -73,6 +121,9 @@ class Tune:
     context: int
     tokens: int
     minutes: float
+    checked_against: str = DEFAULT_ONLY   # what "output still correct" held each setting to
+    reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
+    order: list[Outlook] = field(default_factory=list)    # the families in the order they ran, each as it was chosen
     steps: list[Step] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     start_us: float | None = None    # tinygrad's own route (the first baseline)
@@ -100,15 +151,30 @@ def planned(family: Family, target: Target, budget: int | None) -> int:
     return min(n, budget or n) + 1
 
 
+def reference_of(model: str, census, device: str, context: int, tokens: int,
+                 progress: Callable[[str, int], None] | None = None) -> Reference:
+    """llama.cpp's greedy tokens on the prompt ids every profile of the tune decodes, over every step a profile of
+    `tokens` a side decodes (its own process, nothing timed)."""
+    from boltbeam.measure.llama_cpp_run import reference_tokens
+    from boltbeam.measure.tinygrad_run import WARMUP, decoded, default_timing, prompt_tokens
+    output, engine_name = reference_tokens(model, prompt_tokens(context, census.facts.vocabulary),
+                                           decoded(tokens, WARMUP, default_timing(device)), progress)
+    return Reference(engine_name, output)
+
+
 def tune(model: str, census, device: str, target: Target, context: int, tokens: int, ledger, sha: str, out: Path,
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
-         ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None) -> tuple[Tune, Route]:
-    """Each family judged against the route so far, in order, within `minutes`; the route every promoted
-    setting composed (of no family where none was). Traces and each step's route go under `out/traces`;
-    `left` hears the profiles still planned after each family."""
+         ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
+         reference: Reference | None = None) -> tuple[Tune, Route]:
+    """Each family judged against the route so far, in FutureSight's order (the module's docstring), within
+    `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
+    route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
+    each setting's output is held to its tokens."""
     started = time.monotonic()
     deadline = started + minutes * 60
-    record = Tune(model, sha, device, target.name, context, tokens, minutes)
+    record = Tune(model, sha, device, target.name, context, tokens, minutes, reference=reference,
+                  checked_against=f"checked against {reference.engine}'s greedy tokens on the same prompt ids"
+                  if reference else DEFAULT_ONLY)
     # The start: a route of no family, run as every later route is (its token is tinygrad's own), so each
     # promoted setting's profile is the next family's baseline as it stands.
     start = Route(sha, engine(), device, target.name, "tune", "generated by search", [])
@@ -118,18 +184,32 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     def counted() -> None:
         record.profiles += 1
         ran()
-    for i, family in enumerate(families):
-        left(sum(planned(f, target, budget) for f in families[i:]))
-        try:
-            check_on(family, *on, target)
-        except BadInput as e:
-            record.skipped.append(Skip(family.name, str(e)))
-            say(f"skipped {family.name}: {e}")
-            continue
-        folder = out / "traces" / f"{i + 1}_{family.name}"
+    waiting = list(families)
+    while waiting:
+        left(sum(planned(f, target, budget) for f in waiting))
+        ready, why_not = [], {}
+        for f in waiting:
+            try:
+                check_on(f, *on, target)
+                ready.append(f)
+            except BadInput as e:
+                why_not[f.name] = str(e)
+        if not ready:       # what the rest build on never joined the route, or no setting of theirs is legal here
+            for f in waiting:
+                record.skipped.append(Skip(f.name, why_not[f.name]))
+                say(f"skipped {f.name}: {why_not[f.name]}")
+            break
+        gains = {f.name: gain(f, census, context, target, on) for f in ready}
+        family = first_of(ready, gains)
+        waiting.remove(family)
+        folder = out / "traces" / f"{len(record.order) + 1}_{family.name}"
         folder.mkdir(parents=True, exist_ok=True)
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
-                        budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted)
+                        budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
+                        reference=reference)
+        best = choice.candidates[0] if choice.candidates else None    # FutureSight's best first
+        record.order.append(Outlook(family.name, best and best.flag, best and best.predicted_us, gains[family.name],
+                                    None if gains[family.name] is not None else NOT_PREDICTED))
         record.start_us = record.start_us or choice.baseline_median_us
         for c in choice.candidates:
             record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
