@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     model_arg(p)
     profile_flags(p, device_required=False)
     p.add_argument("--trace", metavar="TRACE.json", help="audit this trace instead of profiling (its model: MODEL)")
+    p.add_argument("--reference", action="store_true", help="hold the route's greedy tokens to llama.cpp's on the same "
+                   "prompt ids (its Python binding, llama-cpp-python; decoded here, nothing timed): the page and the "
+                   "summary say so, and --strict exits 3 where any step differs (tinygrad)")
     _page_flags(p)
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the trace, the account, audit.json and "
                                                                "report.html")
@@ -58,8 +61,8 @@ def _page_flags(p: argparse.ArgumentParser) -> None:
                    help="the device's price per hour (default: the target's price_per_hour fact)")
     p.add_argument("--no-hash-check", action="store_true",
                    help="skip checking the trace's model_sha256 against the model file")
-    p.add_argument("--strict", action="store_true", help="exit 3 when the account does not close, or a tensor of "
-                   "the file was never read by a measured token")
+    p.add_argument("--strict", action="store_true", help="exit 3 when the account does not close, a tensor of "
+                   "the file was never read by a measured token, or (audit --reference) the output is not llama.cpp's")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -102,6 +105,9 @@ def run_audit(args: argparse.Namespace) -> int:
         raise BadInput("audit needs --device to profile (or --trace to audit a trace already taken)")
     model = resolve_model(args)
     given = tracefile.load(args.trace) if args.trace else None
+    if args.reference:      # before minutes of profiling
+        from boltbeam.cli.measure import check_reference
+        check_reference(given.environment.get("engine") if given else args.engine)
     context = given.workload.get("context", args.context) if given else args.context
     inputs = _Inputs(args, context, given)
     out = output_dir(args.out)   # made with its files: a failed audit leaves no folder behind
@@ -125,18 +131,27 @@ def run_audit(args: argparse.Namespace) -> int:
         else:
             step(f"profile (decoding through {args.engine})")
             trace, trace_path = decode_trace(args, model), str(out / "trace.json")
+        output = None
+        if args.reference:
+            from boltbeam.cli.measure import reference
+            from boltbeam.report.audit import OutputCheck
+            step("llama.cpp's reference tokens on the same prompt ids")
+            gate = reference(trace, model)      # (the trace written keeps llama.cpp's tokens)
+            output = OutputCheck(trace.provenance["reference"]["engine"], "audit --reference: decoded here on the "
+                                 "trace's prompt ids", gate.status, gate.sentence)
         step("account, comparisons, report")
-        html_path, audit = _audit_files(trace, trace_path, model, b, inputs, out, profiled=given is None)
+        html_path, audit = _audit_files(trace, trace_path, model, b, inputs, out, profiled=given is None, output=output)
     return _summarize(audit, html_path, started, args)
 
 
-def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profiled: bool):
-    """Assemble the audit and write its files, all together or none."""
+def _audit_files(trace, trace_path, model, b, inputs: _Inputs, out: Path, profiled: bool, output=None):
+    """Assemble the audit and write its files, all together or none; `output`: the route's tokens held to a
+    reference decoded here (else to a compared trace of another engine, where one serves)."""
     from boltbeam.files import json_text, write_all
     from boltbeam.report.audit import assemble
     from boltbeam.report.page import render
     audit = assemble(trace, trace_path, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
-                     funnel=inputs.funnel, exclusive=inputs.exclusive)
+                     funnel=inputs.funnel, exclusive=inputs.exclusive, output=output)
     html = _checked_size(render(audit))
     acc_doc = {"trace": trace_path, "model": model, **(audit.account.to_dict() if audit.account else {}),
                "returns": audit.returns.to_dict() if audit.returns else None}
@@ -185,14 +200,19 @@ def _summarize(audit, html_path: Path, started: float, args: argparse.Namespace)
                "usd_per_mtok": ret.measured.usd_per_mtok if ret else None,
                "usd_per_mtok_at_ceiling": ret.ceiling.usd_per_mtok if ret else None,
                "biggest_whatif": ret.whatifs[0].label if ret and ret.whatifs else None,
-               "tensors_read": None if audit.unread is None else audit.unread.sentence()}
+               "tensors_read": None if audit.unread is None else audit.unread.sentence(),
+               "output": f"{audit.output.status}: checked against reference engine {audit.output.engine} "
+                         f"({audit.output.path}): {audit.output.sentence}" if audit.output
+               else "checked against no reference engine: the route's own tokens only"}
     if args.json:
         report.print_json(summary)
     else:
         rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if v is not None]
         report.console().print(report.table(f"audit of {escape(audit.trace_path)}", ["field", "value"], rows))
     refusals = [*(acc.refusals if acc else []), *([audit.unread.sentence()] if audit.unread and not audit.unread.complete
-                                                  else [])]
+                                                  else []),
+                *([audit.output.sentence] if getattr(args, "reference", False) and audit.output.status != "pass"
+                  else [])]
     if args.strict and refusals:
         raise Refused("; ".join(refusals))
     return 0

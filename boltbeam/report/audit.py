@@ -154,10 +154,11 @@ def load_other(path: str, context: int | None) -> Trace:
 
 def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: Bound, price: Price | None,
              others: list[tuple[str, Trace]] = (), ledger: tuple[str, list[Entry]] | None = None,
-             funnel: Funnel | None = None, exclusive: bool = False) -> Audit:
+             funnel: Funnel | None = None, exclusive: bool = False, output: OutputCheck | None = None) -> Audit:
     """The audit of `trace` against its bound; comparisons with each of `others` (path, trace), each µs of
     device time once where `exclusive`, and the ledger's (path, entries), both read with load_other and
-    read_ledger before any long step."""
+    read_ledger before any long step. `output`: its tokens held to a reference decoded for it (else to a
+    compared trace of another engine, where one serves)."""
     if not trace.token_wall_us:
         raise BadInput(f"trace {trace_path}: no plain token walls: nothing to audit")
     acc, why = None, None
@@ -169,7 +170,7 @@ def assemble(trace: Trace, trace_path: str, model: str, target: Target, bound: B
     ledger_path, entries = ledger or (None, [])
     return Audit(model, trace_path, trace, target, bound, acc, why, returns(acc, price) if acc else None,
                  compared, ledger_path, entries, funnel, unread_tensors(trace, take_census(model)),
-                 output_check(trace, list(others)))
+                 output or output_check(trace, list(others)))
 
 
 def read_ledger(path: str) -> tuple[str, list[Entry]]:
