@@ -41,8 +41,9 @@ DEFAULT_ONLY = "checked against tinygrad's default route only"
 
 
 def tunable(names: list[str] | None = None) -> list[Family]:
-    """The families tune runs, in the order it runs them (spaces.toml's: the layout before the families that
-    build on its generated kernel); `names` keeps only those, one line on a name that is none of them."""
+    """The families tune runs, in spaces.toml's order (the layout before the families that build on its generated
+    kernel), which tune keeps where FutureSight predicts no saving; `names` keeps only those, one line on a name
+    that is none of them."""
     every = list(WHOLE_TOKEN.values())
     if names is None:
         return every
