@@ -78,7 +78,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     # the output held to tinygrad's default route alone, and said so.
     assert [o["family"] for o in first["order"]] == FAMILIES.split(",")
     assert all(o["gain_us"] is None and "spaces.toml's order" in o["why"] and o["best_us"] >= 0 for o in first["order"])
-    assert first["checked_against"] == tune.DEFAULT_ONLY and first["reference"] is None
+    assert first["checked_against"] == tune.DEFAULT_ONLY and first["reference"] is None and first["start_output"] is None
     assert str(escape(tune.DEFAULT_ONLY)) in page and "The order" in page
 
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.
@@ -122,6 +122,7 @@ def test_with_reference_a_setting_off_llama_cpps_tokens_is_not_promoted(tiny_mod
     [step] = [s for s in done["steps"] if s["verdict"]]
     assert step["verdict"] == "refute" and not step["promoted"] and len(profiles) == 2
     assert step["reasons"][0].startswith("the output is not the reference's") and "where" in step["reasons"][0]
+    assert done["start_output"].startswith("the output is not the reference's")    # tinygrad's own route, profiled
     assert routes.load(str(out / "route.json")).families == {}
     with Ledger(ledger, create=False) as led:
         assert led.entries()[0].scope["reference"] == reference

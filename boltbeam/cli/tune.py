@@ -114,6 +114,8 @@ def _print(done, out) -> None:
         f"{o.family} ({'predicted to save ' + format(o.gain_us, ',.1f') + ' µs' if o.gain_us is not None else 'no saving predicted'})"
         for o in done.order))
     con.print(f"the output: {done.checked_against}")
+    if done.start_output:
+        con.print(f"tinygrad's own route: {escape(done.start_output)}")
     con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "
               f"({len(done.promoted)} setting(s) promoted); {done.profiles} whole token(s) profiled now, "
               f"{sum(not s.timed for s in judged)} verdict(s) read from the ledger, in {done.seconds:,.0f} s")

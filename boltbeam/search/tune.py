@@ -29,7 +29,9 @@ from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
+from boltbeam.judge.judge import reference_gate
 from boltbeam.measure import route as routes
+from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import Route, engine
 from boltbeam.route.family import Family
 from boltbeam.route.families import of_route
@@ -124,6 +126,7 @@ class Tune:
     minutes: float
     checked_against: str = DEFAULT_ONLY   # what "output still correct" held each setting to
     reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
+    start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled now)
     order: list[Outlook] = field(default_factory=list)    # the families in the order they ran, each as it was chosen
     steps: list[Step] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
@@ -212,6 +215,10 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         record.order.append(Outlook(family.name, best and best.flag, best and best.predicted_us, gains[family.name],
                                     None if gains[family.name] is not None else NOT_PREDICTED))
         record.start_us = record.start_us or choice.baseline_median_us
+        if reference and on[1] is start and record.start_output is None and (folder / "baseline.json").is_file():
+            # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
+            record.start_output = reference_gate(tracefile.load(str(folder / "baseline.json")), reference.engine,
+                                                 reference.output_tokens, 0.0).sentence
         for c in choice.candidates:
             record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
             record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
