@@ -42,6 +42,18 @@ def smollm2() -> str:
 
 
 @pytest.fixture(scope="session")
+def first_audit(shared):
+    """The README's first command (an audit of the default model) as a newcomer runs it, in a fresh HOME with an
+    empty cache, once a test run: what tests/test_first_command.py checks, and the default model's trace that
+    test_profile reads (one SmolLM2 profile a run, not two)."""
+    import json
+    from tests.test_first_command import run_first_command
+    folder = shared / "first_command"
+    return SimpleNamespace(**json.loads(once(folder.with_suffix(".json"), lambda path: run_first_command(folder, path))
+                                        .read_text()))
+
+
+@pytest.fixture(scope="session")
 def profiled(shared):
     """profiled(model, *flags): the trace file of `boltbeam profile MODEL --device CPU *flags`, profiled once a
     test run by whichever test asks first. Tests only read it."""

@@ -21,8 +21,8 @@ from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.route import constants, layout
 from boltbeam.search.future import PER_KERNEL_FACT, Calibration
-from tests.processes import DEPTH
-from tests.test_profile import profile, refuses, refuses_routes
+from tests.processes import DEPTH, profile
+from tests.test_profile import refuses, refuses_routes
 
 ROWS, COLS = 8, 512
 

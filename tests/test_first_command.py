@@ -21,20 +21,28 @@ def first_command() -> list[str]:
     return argv[1:]
 
 
-def test_readme_first_command_on_an_empty_cache(tmp_path, monkeypatch):
+def run_first_command(folder: pathlib.Path, record: pathlib.Path) -> None:
+    """The README's first command in a fresh HOME (an empty cache) under `folder`, its outcome written to `record`
+    (conftest's `first_audit` runs it once a test run; its audit is the default model's profile test_profile reads)."""
     argv = first_command()
-    assert argv[:1] == ["audit"] and argv[argv.index("--target") + 1] == "host"
-    out = tmp_path / "audit"
+    out, home = folder / "audit", folder / "home"
     argv[argv.index("--out") + 1] = str(out)
-    home = tmp_path / "home"
-    home.mkdir()
+    home.mkdir(parents=True)
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     done = subprocess.run([sys.executable, "-m", "boltbeam", *argv, "--json"], env=env, capture_output=True,
                           text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    record.write_text(json.dumps({"argv": argv, "out": str(out), "cache": env["XDG_CACHE_HOME"],
+                                  "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-3000:]}))
+
+
+def test_readme_first_command_on_an_empty_cache(first_audit, monkeypatch):
+    argv = first_command()
+    assert argv[:1] == ["audit"] and argv[argv.index("--target") + 1] == "host"
+    assert first_audit.returncode == 0, first_audit.stderr
+    out = pathlib.Path(first_audit.out)
+    monkeypatch.setenv("XDG_CACHE_HOME", first_audit.cache)
     assert host_cache_path().is_file()                                  # measured on first use, and cached
     assert sorted(p.name for p in out.iterdir()) == ["account.json", "audit.json", "report.html", "trace.json"]
     doc = json.loads((out / "audit.json").read_text())
     assert doc["context"] == int(argv[argv.index("--context") + 1])
-    assert json.loads(done.stdout)["report"] == str(out / "report.html")
+    assert json.loads(first_audit.stdout)["report"] == str(out / "report.html")

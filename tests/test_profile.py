@@ -16,7 +16,6 @@ from boltbeam.files import sha256_file
 from boltbeam.measure import trace as tracefile
 from boltbeam.read.census import take_census
 from boltbeam.read.roles import read_kind
-from tests.processes import profile
 
 
 def refuses(model: str, tmp_path, capsys, argv: list[str], said: str) -> None:
@@ -129,9 +128,12 @@ def test_compare_a_trace_with_itself_and_export(tiny_trace, tmp_path, capsys):
     assert sum(e.get("cat") != "user_annotation" and e["ph"] == "X" for e in events) == len(t.kernels)
 
 
-def test_smollm2_tied_output_projection_is_found(smollm2, tmp_path, capsys):
-    path = tmp_path / "smollm2.json"
-    t = profile(smollm2, path, "--context", "4", "--tokens", "2", "--no-hash")
+def test_smollm2_tied_output_projection_is_found(smollm2, first_audit, capsys):
+    """The README's first command profiles SmolLM2 (the default model), run once a test run: its trace."""
+    assert first_audit.returncode == 0, first_audit.stderr
+    path = os.path.join(first_audit.out, "trace.json")
+    t = tracefile.load(path)
+    assert [i["path"] for i in t.provenance["inputs"]] == [smollm2]
     kernels = t.kernels_of_token(0)
     output = [k for k in kernels if k.role == "output"]
     assert len(output) == 1 and output[0].tensors == ["token_embd.weight"]

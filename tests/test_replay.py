@@ -7,7 +7,8 @@ import pytest
 
 from boltbeam.judge.verdicts import VERDICTS
 from boltbeam.route import replay
-from tests.test_profile import profile, refuses_routes
+from tests.processes import profile
+from tests.test_profile import refuses_routes
 
 PROMPT = [1, 504, 3458, 282, 4102, 314, 260, 1345, 30, 12, 2000, 17, 99]   # SmolLM2's ids; any ids would do
 TOKENS = 12
