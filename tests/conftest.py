@@ -88,7 +88,10 @@ def kernel_form(tiny_model, profiled, shared):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked `gpu` runs where tinygrad opens CUDA; on a CPU machine it is skipped and says why."""
+    """A test marked `gpu` runs where tinygrad opens CUDA; on a CPU machine it is skipped and says why. A test
+    marked `alone` goes first: pytest-xdist deals it before any other, so the other worker waits for it only, not
+    also for a long test it had started (every worker reorders the same way)."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)     # a stable sort: the rest keep their order
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu and not _opens_cuda():
         for item in gpu:
