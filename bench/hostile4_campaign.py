@@ -54,6 +54,8 @@ from boltbeam.cli import main, one_line  # noqa: E402
 
 SLOW_S = 30.0          # the contract's bound on a case (a scheduler that does not answer included)
 TRACED_EVERY = 25      # tracemalloc's peak is taken on every 25th case (it slows a parse several times)
+ARG_MAX = 128 * 1024   # Linux's limit on one argument (MAX_ARG_STRLEN): exec refuses a longer one (E2BIG)
+SKIPPED = "skipped: argv no process can take (a NUL, or one argument of 128 KiB or more)"
 
 
 class Reached(Exception):
@@ -404,7 +406,7 @@ def clear(folder: Path) -> None:
 def in_process(args, tmp: Path, s: Campaign) -> tuple[dict, list]:
     """The in-process cases; also the sample of refused cases (surface, argv) for the real processes."""
     rng = random.Random(args.seed)
-    names, weights = list(SURFACES), list(SURFACES.values())
+    names, weights = list(SURFACES), [w if not args.surfaces or n in args.surfaces else 0 for n, w in SURFACES.items()]
     outcomes, per_surface, breaks = collections.Counter(), collections.Counter(), collections.Counter()
     seconds: collections.Counter = collections.Counter()
     examples: dict[str, str] = {}
@@ -436,6 +438,8 @@ def in_process(args, tmp: Path, s: Campaign) -> tuple[dict, list]:
         if took > SLOW_S:
             found.append(f"{name}: {took:.0f} s, past {SLOW_S:g} s")
         for f in found:
+            if not breaks[f]:
+                print(f"{dt.datetime.now():%H:%M:%S} case {case:,}: {f}", flush=True)
             breaks[f] += 1
             examples.setdefault(f, repr(call if isinstance(call, list) else call.__qualname__)[:600] + " | " +
                                 err[-400:])
@@ -514,8 +518,8 @@ def processes(args, s: Campaign, sampled: list) -> dict:
                                                                      for a in scheduler] + \
         [("audit on a full disk", a, rng.choice([0, 100, 4096, 20_000])) for a in full_disk]
     for what, argv, limit in cases:
-        if not all(isinstance(a, str) and "\x00" not in a for a in argv):
-            counts["skipped: argv a process cannot take (NUL)"] += 1
+        if not all(isinstance(a, str) and "\x00" not in a for a in argv) or max(map(len, argv)) >= ARG_MAX:
+            counts[SKIPPED] += 1
             continue
         before = digest(s.inputs)
         code, err, took, peak = real_process(argv, env, limit)
@@ -539,7 +543,7 @@ def processes(args, s: Campaign, sampled: list) -> dict:
         clear(s.out)
         for extra in ("audit.json", "route.json"):
             (s.inputs / extra).unlink(missing_ok=True)
-    return {"cases": sum(counts.values()) - counts["skipped: argv a process cannot take (NUL)"],
+    return {"cases": sum(counts.values()) - counts[SKIPPED],
             "counts": dict(counts), "tracebacks": sum(v for k, v in breaks.items() if "stderr lines" in k),
             "contract_breaks": sum(breaks.values()), "breaks": dict(breaks), "break_examples": examples,
             "slowest_s": slowest, "peak_rss_mb": peak_mb}
@@ -615,6 +619,7 @@ def campaign(args, tmp: Path) -> dict:
         fanout.CONNECT_SECONDS = 1     # in process; the real processes wait the real timeout
         stop_at_the_run()
         result["in_process"], sampled = in_process(args, tmp, s)
+        print(json.dumps({k: v for k, v in result["in_process"].items() if k != "outcomes"}, indent=1), flush=True)
         fanout.CONNECT_SECONDS = connect
     else:
         sampled = []
@@ -634,6 +639,7 @@ def main_() -> None:
     ap.add_argument("--kills", type=int, default=3, help="pairs of searches on one ledger, one killed")
     ap.add_argument("--kill-within", type=float, default=120.0, help="the kill comes within this many seconds")
     ap.add_argument("--seed", type=int, default=4)
+    ap.add_argument("--surfaces", type=lambda t: t.split(","), default=[], help="only these in-process surfaces")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
