@@ -121,7 +121,7 @@ def test_an_account_with_any_refusal_is_not_called_closed(tmp_path, capsys):
     page = tmp_path / "report.html"
     page.write_text("x")
     acc = SimpleNamespace(closed=True, refusals=["per-kernel timing inflated the kernels"])
-    audit = SimpleNamespace(account=acc, returns=None, no_account=None, wall_us=100.0, unread=None, trace_path="t",
+    audit = SimpleNamespace(account=acc, returns=None, no_account=None, wall_us=100.0, unread=None, output=None, trace_path="t",
                             bound=SimpleNamespace(token_floor_us=10.0, ceiling_tok_s=1e5))
     assert _summarize(audit, page, 0.0, SimpleNamespace(json=True, strict=False)) == 0
     said = json.loads(capsys.readouterr().out)
