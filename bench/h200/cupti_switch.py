@@ -22,6 +22,9 @@ ORDERS = {
     "graph only": ["graph", "graph", "graph"],
     "kernel only": ["kernel", "kernel", "kernel"],
     "kernel, graph with its launch calls": ["kernel", "graph+calls", "kernel"],
+    "graph, kernel, graph (back and forth from graph records)": ["graph", "kernel", "graph"],
+    "kernel, nothing, graph (a replay with CUPTI idle between)": ["kernel", "none", "graph"],
+    "nothing, graph, kernel": ["none", "graph", "kernel"],
 }
 
 
