@@ -12,11 +12,12 @@ from boltbeam.account.compare import region_times
 from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.cli import main
-from boltbeam.measure.graph_timing import PER_LAUNCH_ENV, Cupti
+from boltbeam.measure.graph_timing import Cupti
 from boltbeam.errors import BadInput
 from boltbeam.measure import llama_cpp_run
 from boltbeam.measure.trace import load
 from boltbeam.measure.llama_cpp_roles import align, assign, products_in_order
+from boltbeam.switches import CUPTI_PER_LAUNCH
 from boltbeam.measure.trace import Kernel, Trace
 from boltbeam.read.census import TensorEntry, take_census
 
@@ -29,7 +30,7 @@ def with_fakes(monkeypatch) -> None:
     """The stand-ins on the path of this process (its checks) and of the child it starts (the run)."""
     monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKES), os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv(PER_LAUNCH_ENV, "1")      # the stand-in CUPTI times tokens per launch (opt-in on a real one)
+    monkeypatch.setenv(CUPTI_PER_LAUNCH.name, "1")      # the stand-in CUPTI times tokens per launch (opt-in on a real one)
 
 
 def fake_binding():
@@ -140,12 +141,12 @@ def test_no_token_is_timed_per_launch_unless_asked(tiny_model, monkeypatch):
     """CUPTI's graph records after its kernel records crashed cuGraphLaunch on an H200: without the opt-in, the
     child switches nothing, times no token per launch and its trace says why."""
     with_fakes(monkeypatch)
-    monkeypatch.delenv(PER_LAUNCH_ENV)
+    monkeypatch.delenv(CUPTI_PER_LAUNCH.name)
     ticks = []
     t = llama_cpp_run.profile(tiny_model, context=4, tokens=3, warmup=1, model_hash=False,
                               progress=lambda stage, n: ticks.append(stage))
     assert ticks == ["prefill", "warm-up"] + ["plain"] * 3 + ["timed"] * 3
-    assert len(t.kernel_tokens) == 3 and any(PER_LAUNCH_ENV in n for n in t.provenance["notes"])
+    assert len(t.kernel_tokens) == 3 and any(CUPTI_PER_LAUNCH.name in n for n in t.provenance["notes"])
     assert "per launch" not in t.provenance["timing"]
 
 

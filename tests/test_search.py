@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from boltbeam import switches
 from boltbeam.bound.targets import get_target
 from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import DIAGNOSTIC, SEARCH_SPACE_INCOMPLETE, VERDICTS
@@ -620,10 +621,10 @@ def test_the_route_api_is_off_by_switch(tmp_path, monkeypatch):
     before = realize.to_program
     with routes.apply("none") as applied:
         assert realize.to_program is before and applied.kernels == set()
-    monkeypatch.setenv(routes.SWITCH, "none")
+    monkeypatch.setenv(switches.ROUTE.name, "none")
     with routes.apply(str(tmp_path / "missing.json")):
         assert realize.to_program is before
-    monkeypatch.delenv(routes.SWITCH)
+    monkeypatch.delenv(switches.ROUTE.name)
     with pytest.raises(BadInput):
         with routes.apply(str(tmp_path / "missing.json")):
             pass

@@ -1,4 +1,4 @@
-"""Which CUPTI switch orders survive a CUDA graph replay (for tokens timed per launch, graph_timing.PER_LAUNCH_ENV).
+"""Which CUPTI switch orders survive a CUDA graph replay (for tokens timed per launch, switches.CUPTI_PER_LAUNCH).
 
 On an H200 (driver 580.159.04, cupti-python 13.0.1, 2026-12-05) a profile that switched CUPTI from kernel records to
 graph records between tokens crashed inside cuGraphLaunch (bench/h200/models/README.md). This script replays a small

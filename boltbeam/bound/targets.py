@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from boltbeam import switches
 from boltbeam.errors import BadInput
 from boltbeam.units import is_number
 
@@ -133,7 +134,7 @@ def _load_file(text: str, where: str) -> dict[str, Target]:
 
 def host_cache_path() -> Path:
     # The name changes with the facts `host` declares, so a cache from before them is measured again.
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = switches.CACHE_HOME.value or Path.home() / ".cache"
     return Path(base) / "boltbeam" / "host-2.toml"
 
 
@@ -141,7 +142,7 @@ def registry(extra_files: list[str] | None = None) -> dict[str, Target]:
     """All declared targets: the packaged file, then any files in --targets or $BOLTBEAM_TARGETS."""
     text = resources.files("boltbeam.data").joinpath("targets.toml").read_text()
     targets = _load_file(text, "targets.toml")
-    env = os.environ.get("BOLTBEAM_TARGETS")
+    env = switches.TARGETS.value
     for path in [*(extra_files or []), *(env.split(os.pathsep) if env else [])]:
         p = Path(path)
         if not p.is_file():
@@ -185,7 +186,7 @@ def measure_host_apart() -> Target:
     be running in this process when a later `profile` installs its recorder, which then misses the token."""
     cache = host_cache_path()
     print(f"boltbeam: measuring this machine's memory once (cached in {cache})", file=sys.stderr)
-    child = subprocess.run([sys.executable, "-m", "boltbeam.bound.measure_target"], env={**os.environ, "DEV": "CPU"},
+    child = subprocess.run([sys.executable, "-m", "boltbeam.bound.measure_target"], env={**os.environ, switches.DEV.name: "CPU"},
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if child.returncode != 0 or not cache.is_file():
         said = child.stderr.strip().splitlines()

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from boltbeam import report
+from boltbeam import report, switches
 from boltbeam.errors import BadInput
 
 # The JIT captures on the second decode call: the tokens before the third carry compile time, not decode.
@@ -51,7 +50,7 @@ def run_generate(args: argparse.Namespace) -> int:
     limit = census.facts.context_length or MOST_POSITIONS
     kv = use.tokenizer_kv(model)
     _check_prompt(args.prompt, max(map(len, kv.get("tokenizer.ggml.tokens") or [""])) or 1, limit)
-    os.environ["DEV"] = args.device     # tinygrad reads its device when first imported: before the tokenizer's import
+    switches.DEV.set(args.device)     # tinygrad reads its device when first imported: before the tokenizer's import
     from boltbeam.measure.tinygrad_run import open_device
     open_device(args.device)            # a machine without it is one line here, before anything loads
     tokenizer = use.tokenizer_of(kv)

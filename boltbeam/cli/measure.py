@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import os
 import statistics
 from typing import Any
 
-from boltbeam import report
+from boltbeam import report, switches
 from boltbeam.errors import BadInput, Refused
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
@@ -72,7 +71,7 @@ def profile_flags(p: argparse.ArgumentParser, device_required: bool, depth: bool
 def profile_trace(args: argparse.Namespace, model: str) -> Trace:
     """Decode `model` as the profile flags say, with a progress bar on stderr's console."""
     # tinygrad reads its device from the environment when first imported.
-    os.environ["DEV"] = args.device
+    switches.DEV.set(args.device)
     route = route_for(args.route, model, hash_check=not args.no_hash)
     prepare = families(route, family_flags(args))      # before minutes of loading: a bad setting is one line now
     from boltbeam.measure.tinygrad_run import profile

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from boltbeam import report
+from boltbeam import report, switches
 from boltbeam.errors import BadInput, Refused
 from boltbeam.route.families import BY_NAME, Flags
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     census = take_census(model)   # a missing model or no GGUF: one line, before anything is written
     check_depth(census, args.context, args.tokens)   # before a prompt is built
     started = time.monotonic()
-    os.environ["DEV"] = args.device   # tinygrad reads its device when first imported
+    switches.DEV.set(args.device)   # tinygrad reads its device when first imported
     from boltbeam.search import fanout
     from boltbeam.search.decide import search
     job = fanout.Job(os.path.abspath(model), sha256_file(model), args.device, args.context,

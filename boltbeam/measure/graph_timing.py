@@ -15,18 +15,13 @@ Two sources, one per kind of tinygrad graph:
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from boltbeam import switches
 from boltbeam.errors import BadInput, Refused
 
-# Tokens timed per launch (CUPTI's graph records, switched on after its kernel records) are opt-in: on an H200
-# (driver 580.159.04, cupti-python 13.0.1, 2026-12-05) the first graph launch after the switch crashed inside
-# cuGraphLaunch (bench/h200/models/README.md). Until a way that does not crash is measured there, the timing's
-# cost and llama.cpp's launch lines are not measured on the token on CUDA, and the account says so.
-PER_LAUNCH_ENV = "BOLTBEAM_CUPTI_PER_LAUNCH"
 CUPTI_BUFFER_BYTES = 32 << 20   # one buffer holds ~150k kernel records: no callback while tokens run
 
 
@@ -260,7 +255,7 @@ class Cupti:
             return None
         if not per_launch_on():
             return (f"no tokens timed per launch: CUPTI's graph records after its kernel records crashed cuGraphLaunch on "
-                    f"an H200 ({PER_LAUNCH_ENV}=1 turns them on): the timing's cost is not measured on the tokens")
+                    f"an H200 ({switches.CUPTI_PER_LAUNCH.name}=1 turns them on): the timing's cost is not measured on the tokens")
         self._off()
         try:
             self.cupti.activity_enable(self.cupti.ActivityKind.GRAPH_TRACE)
@@ -282,7 +277,11 @@ class Cupti:
 
 
 def per_launch_on() -> bool:
-    return os.environ.get(PER_LAUNCH_ENV) == "1"
+    """Tokens timed per launch are opt-in: on an H200 (driver 580.159.04, cupti-python 13.0.1, 2026-12-05) the first
+    graph launch after CUPTI switched from kernel records to graph records crashed inside cuGraphLaunch. Until a way
+    that does not crash is measured there, the timing's cost and llama.cpp's launch lines are not measured on the
+    token on CUDA, and the account says so."""
+    return switches.CUPTI_PER_LAUNCH.value == "1"
 
 
 def hcq_times(graph) -> list[tuple[int, int]]:

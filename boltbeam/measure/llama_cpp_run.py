@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from boltbeam import switches
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
@@ -51,7 +52,7 @@ def _device() -> tuple[str | None, str | None]:
     """The GPU's name and its driver, as nvidia-smi reports them; None where it cannot."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i",
-                              os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                              (switches.VISIBLE_DEVICES.value or "0").split(",")[0]],
                              capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None, None

@@ -10,7 +10,7 @@ Plain tokens and timed tokens over one loaded model:
     CUDA, tinygrad's own graph timestamps on command-queue devices such as the CPU (there in a second
     JIT, its tokens interleaved with the plain ones). `--timing launch` (CUDA) launches kernels one
     by one instead, where no in-graph timing can be had, and the trace says so.
-  - on CUDA, where asked (graph_timing.PER_LAUNCH_ENV: it crashed cuGraphLaunch on an H200), beside each
+  - on CUDA, where asked (switches.CUPTI_PER_LAUNCH: it crashed cuGraphLaunch on an H200), beside each
     timed token one timed per launch: CUPTI's graph records alone (each graph's device start and end, no
     kernel instrumented), so the device time recording every kernel adds, and the launch and sync of a
     token nearly plain, are measured on the tokens themselves.
@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from boltbeam import switches
 from boltbeam import __version__
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import replaceable, sha256_file, write_atomic
@@ -46,7 +47,7 @@ from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, Lau
                                            split_by_token)
 from boltbeam.measure import seam
 from boltbeam.measure.prepared import Prepared
-from boltbeam.measure.route import SWITCH, Route, routed_label
+from boltbeam.measure.route import Route, routed_label
 from boltbeam.measure.route import install as route_install
 from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
 from boltbeam.read.census import Census, TensorEntry, take_census
@@ -737,11 +738,11 @@ class _Run:
     def _route(self) -> dict[str, Any]:
         """The route label says what ran: a search's route only when every kernel it names was applied."""
         beam = self.beam
-        env = {k: os.environ[k] for k in ("BEAM", "JITBEAM", "HALF") if k in os.environ}
+        env = switches.recorded()
         families = {"families": {p.family: p.summary() for p in self.prepared}} if self.prepared else {}
         prefix = routed_label([p.family + (f" (partial: {p.applied} of {p.eligible})" if p.applied < p.eligible else "")
                                for p in self.prepared], "")
-        switch = f"{SWITCH}=none (every generated family off)" if self.prepared else None
+        switch = f"{switches.ROUTE.name}=none (every generated family off)" if self.prepared else None
         if self.route is None:
             return {"label": prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),
                     "switch": switch or ("boltbeam profile --beam 0" if beam else None),
@@ -751,7 +752,7 @@ class _Run:
         named, carried = {c.kernel for c in route.choices}, {c.kernel for c in route.compiled}
         ran = len(named & applied.kernels)
         return {"label": prefix + ("boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})"),
-                "switch": f"boltbeam profile --route none (or {SWITCH}=none)",
+                "switch": f"boltbeam profile --route none (or {switches.ROUTE.name}=none)",
                 "settings": {"route": path, "family": route.family, "provenance": route.provenance,
                              "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env,
                              **({"kernels_carried": len(carried), "carried_applied": len(carried & applied.kernels)}

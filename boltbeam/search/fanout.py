@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from boltbeam import switches
 from boltbeam.errors import BadInput, Refused
 from boltbeam.search.compiler import Captured
 from boltbeam.search.decide import Plan, Scope, TimeAll, Timings, time_kernel
@@ -49,7 +50,7 @@ _device = threading.Lock()   # tinygrad is not thread-safe: one device user at a
 def _use_device(device: str) -> None:
     """tinygrad takes its device from DEV when first imported; a worker that imported it for another is refused."""
     if "tinygrad" not in sys.modules:
-        os.environ["DEV"] = device
+        switches.DEV.set(device)
     from tinygrad import Device
     if Device.DEFAULT != device:
         raise Refused(f"a Dask worker runs tinygrad on {Device.DEFAULT}, not {device}: start it with DEV={device}")
