@@ -25,6 +25,8 @@ POINTS = (
     ("tinygrad", "function", "the adapter's block call, as tinygrad.llm's own (measure/architectures.py)"),
     ("tinygrad.llm.model", "Transformer.from_gguf", "loads the model"),
     ("tinygrad.llm.model", "Transformer.generate", "decodes; direct replay stands in for it"),
+    ("tinygrad.llm.model", "Transformer.get_start_pos", "where generate starts in a filled cache (a profile's prompt "
+                                                        "decoded a token a call, direct replay)"),
     ("tinygrad.llm.model", "TransformerBlock._attention", "overridden per block by the adapter and the families"),
     ("tinygrad.llm.model", "TransformerBlock._feed_forward", "overridden per block by the adapter and the families"),
     ("tinygrad.llm.model", "TransformerBlock._init_state", "overridden per block by the adapter"),
@@ -33,7 +35,8 @@ POINTS = (
 # Attributes set inside a function rather than defined on a class: found in the function's source.
 SET_IN = (
     ("tinygrad.device", "Buffer.__init__", "_base", "read to tell a view of the file's buffer from its base"),
-    ("tinygrad.llm.model", "Transformer.generate", "_cached_tokens", "kept by direct replay as generate keeps it"),
+    ("tinygrad.llm.model", "Transformer.generate", "_cached_tokens", "kept by direct replay as generate keeps it, "
+                                                                     "set by a profile's prompt decoded a token a call"),
     ("tinygrad.llm.model", "TransformerBlock._attention", "cache_kv", "the KV cache the adapter's windowed attention "
                                                                      "writes as tinygrad.llm's attention does"),
     ("tinygrad.llm.model", "TransformerBlock._attention", "freqs_cis", "the rotary table the adapter's attention reads"),

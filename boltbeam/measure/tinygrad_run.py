@@ -569,6 +569,33 @@ class _TimedToken:
         return (self.marks_ns[1] - max(end for _, _, end, _ in self.timeline)) / 1e3
 
 
+PREFILL_CHUNK = 32     # prompt tokens tinygrad.llm's generate (0.13.0) takes in one prefill call, by default
+
+
+def start_decode(net, prompt: list[int], beam: int = 0):
+    """The model's token generator and its first token, the prompt decoded as every profile decodes it (never
+    measured). A prompt of 3 to PREFILL_CHUNK tokens runs through the decode step itself, a token a call, with the
+    decode's BEAM: kernels compiled for a single prefill call cost more than the steps they save (on the CPU, 7.5
+    of a tiny profile's 15 s). Its tokens go in as the decode's own input does (a (1, 1) tensor, no symbolic
+    count), so the JIT the first two capture holds the kernels a chat session's decode runs; the last token goes
+    through generate (its cache taken as filled), a replay of that JIT. Any other prompt takes tinygrad's chunked
+    prefill, its kernels one by one: 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunk's
+    token count cannot be."""
+    from tinygrad import Context, Tensor, UOp
+    if not 3 <= len(prompt) <= PREFILL_CHUNK:
+        gen = net.generate(list(prompt))
+        with Context(JIT=2):
+            return gen, next(gen)
+    start_pos = UOp.variable("start_pos", 0, net.max_context - 1)
+    temperature = Tensor(0.0).contiguous()
+    with Context(BEAM=beam):
+        for i, token in enumerate(prompt[:-1]):
+            net(Tensor([[token]], dtype="int32"), start_pos.bind(i), temperature).realize()
+    net._cached_tokens = list(prompt[:-1])
+    gen = net.generate(list(prompt), chunk_size=1)
+    return gen, next(gen)
+
+
 HOST_PROFILE_ROWS = 40      # functions a host profile lists, by each of its two orders
 
 
@@ -582,12 +609,8 @@ class _Run:
         self.tick = progress or (lambda stage, n: None)
         self.net = load(path, max_context, census)     # tinygrad.llm's model, fitted to the file's formula
         self.prepared = [family(self.net, census, str(path)) for family in prepare or []]
-        self.gen = self.net.generate(list(prompt))
-        self.out_tokens: list[int] = []
-        # tinygrad 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunked prefill's
-        # token count cannot be: the prefill runs its kernels one by one (it is never measured).
-        with Context(JIT=2):
-            self.out_tokens.append(next(self.gen))
+        self.gen, first = start_decode(self.net, prompt, beam)
+        self.out_tokens: list[int] = [first]
         self.tick("prefill", 1)
         # Warm-up tokens keep compilation (and any search) out of the numbers; they run and capture the decode JIT.
         with Context(BEAM=beam):

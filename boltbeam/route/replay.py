@@ -89,13 +89,14 @@ def read_token(out) -> int:
 
 
 def generate(net, replayer: _Replayer, tokens: list[int], chunk_size: int = 32, temperature: float = 0.0):
-    """tinygrad.llm's `Transformer.generate` (0.13.0) for a fresh cache, its decode steps replayed directly."""
+    """tinygrad.llm's `Transformer.generate` (0.13.0), its decode steps replayed directly. Like it, it starts after
+    the prefix of `tokens` the cache already holds (no state to reset: models with recurrent blocks keep its own)."""
     from tinygrad import Tensor, UOp
     v_start_pos = UOp.variable("start_pos", 0, net.max_context - 1)
     v_toks = UOp.variable("toks", 1, chunk_size)
     temp = Tensor(temperature).contiguous()
     t = Tensor(tokens + [0] * (net.max_context - len(tokens)), dtype="int32").reshape(1, net.max_context)
-    start_pos, out, prompt_len = 0, None, len(tokens)
+    start_pos, out, prompt_len = net.get_start_pos(tokens), None, len(tokens)
     while len(tokens) < net.max_context:
         if out is not None and start_pos >= prompt_len and \
                 replayer.step(net, out, start_pos, v_start_pos, temp):
@@ -121,11 +122,8 @@ def install(net, census=None, model_path: str | None = None, setting: Direct | N
         prepared.notes.append(f"{LABEL}: the model has recurrent blocks; tinygrad's own generate runs")
         return prepared
     replayer = _Replayer(prepared)
-    own = net.generate
 
     def direct_generate(tokens: list[int], chunk_size: int = 32, temperature: float = 0.0):
-        if net._cached_tokens:       # a cache holding an earlier prompt: tinygrad's own reuse of its prefix
-            return own(tokens, chunk_size, temperature)
         return generate(net, replayer, tokens, chunk_size, temperature)
     net.generate = direct_generate
     prepared.seconds = time.perf_counter() - t0
