@@ -112,12 +112,11 @@ def capture(model: str, census, device: str, context: int,
     `prepare`: generated route families applied to the loaded model first, as `profile` applies them."""
     from boltbeam.measure import seam
     seam.check()                                   # before the adapter's own imports of tinygrad.llm
-    from tinygrad import Context
     from tinygrad.engine import realize
     from tinygrad.uop.ops import Ops
 
     from boltbeam.measure.architectures import load
-    from boltbeam.measure.tinygrad_run import kv_positions, prompt_tokens
+    from boltbeam.measure.tinygrad_run import kv_positions, prompt_tokens, start_decode
     sources: dict = {}
     shapes: dict = {}
     with _hooks(sources, shapes):
@@ -127,9 +126,7 @@ def capture(model: str, census, device: str, context: int,
         for family in prepare or []:
             progress("building the generated route families")
             family(net, census, model)
-        gen = net.generate(list(prompt))
-        with Context(JIT=2):
-            next(gen)
+        gen, _ = start_decode(net, prompt)
         for _ in range(3):      # the JIT captures on its second call
             progress("compiling the decode token")
             next(gen)
