@@ -29,7 +29,7 @@ from boltbeam.account import account, compare
 from boltbeam.bound.roofline import Bound, bound
 from boltbeam.bound.targets import get_target
 from boltbeam.cli import main
-from boltbeam.measure.trace import Kernel, Trace, save
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload, save
 from boltbeam.read.census import take_census
 from boltbeam.read.roles import read_kind
 from boltbeam.synth.writer import shape_from, write
@@ -62,8 +62,8 @@ def synthetic_trace(b: Bound, census, seed: int) -> Trace:
             t += k.duration_us + 1.0
         pass_walls.append(t + rng.uniform(20, 40))
         walls.append(pass_walls[-1] - rng.uniform(300, 400))
-    return Trace(environment={"engine": "bench"}, workload={"context": 0, "batch": 1, "tokens": TOKENS},
-                 route={"label": f"bench seed {seed}"}, token_wall_us=walls, provenance={"source": "bench"},
+    return Trace(Environment(engine="bench"), Workload(context=0, tokens=TOKENS, batch=1),
+                 RouteRecord(f"bench seed {seed}"), token_wall_us=walls, provenance=Provenance("bench"),
                  kernel_pass_wall_us=pass_walls, kernels=kernels)
 
 

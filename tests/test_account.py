@@ -17,7 +17,7 @@ from boltbeam.cli import main
 from boltbeam.errors import Refused
 from boltbeam.files import sha256_file
 from boltbeam.measure.launch_cost import BRACKETED
-from boltbeam.measure.trace import Kernel, KernelPass, Trace, save
+from boltbeam.measure.trace import Environment, Kernel, KernelPass, Provenance, RouteRecord, Trace, Workload, save
 from boltbeam.read.census import take_census
 
 H200 = get_target("h200")
@@ -76,8 +76,8 @@ def span(kernels: list[Kernel]) -> float:
 
 def make_trace(tokens: list[list[Kernel]], token_walls: list[float], pass_walls: list[float] | None,
                sha: str | None = None, context: int | None = 0, engine: str = "tinygrad") -> Trace:
-    return Trace(environment={"engine": engine, "model_sha256": sha}, workload={"context": context, "batch": 1},
-                 route={"label": "test-route"}, token_wall_us=token_walls, provenance={"source": "profile"},
+    return Trace(Environment(engine=engine, model_sha256=sha), Workload(context=context, batch=1),
+                 RouteRecord("test-route"), token_wall_us=token_walls, provenance=Provenance("profile"),
                  kernel_pass_wall_us=pass_walls or [], kernels=[k for ks in tokens for k in ks],
                  kernel_pass=KernelPass("cupti", [1] * len(tokens), [2] * len(tokens)) if tokens else None)
 
@@ -461,7 +461,7 @@ def test_unpacking_names_the_layout_only_where_blocks_are_decoded_in_place(tiny_
     drawn = tiny_bound.role("ffn_up").bytes / line(blocks, "ffn_up").measured_us * 1e6
     assert f"{drawn / H200.bandwidth:.1%} of" in up.detail
     planes = make_trace([ks], wall, wall)
-    planes.route = {"label": "generated-layout + tinygrad-scheduler"}
+    planes.route = RouteRecord("generated-layout + tinygrad-scheduler")
     assert line(account(planes, tiny_bound, H200), "ffn_down").cause == "unexplained"
 
 

@@ -8,7 +8,7 @@ import pytest
 from boltbeam.bound.targets import HOST, get_target, host_cache_path, target_of
 from boltbeam.cli import main
 from boltbeam.errors import BadInput
-from boltbeam.measure.trace import Kernel, Trace, save
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload, save
 
 HOST_TOML = """[host]
 description = "this machine (test)"
@@ -31,23 +31,22 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 def trace_file(tmp_path, model: str, **environment) -> str:
     ks = [Kernel(token=0, index=i, name=f"k{i}", duration_us=40.0, start_us=50.0 * i, category="other")
           for i in range(2)]
-    t = Trace(environment={"engine": "tinygrad", "model_path": model, **environment},
-              workload={"context": 0, "batch": 1}, route={"label": "test"}, token_wall_us=[100.0, 101.0],
-              provenance={"source": "profile"}, kernels=ks)
+    t = Trace(Environment(engine="tinygrad", model_path=model, **environment), Workload(context=0, batch=1),
+              RouteRecord("test"), token_wall_us=[100.0, 101.0], provenance=Provenance("profile"), kernels=ks)
     path = tmp_path / "t.json"
     save(t, path)
     return str(path)
 
 
 def test_the_chip_a_trace_names_is_its_target(tmp_path, monkeypatch):
-    assert target_of({"device_name": "NVIDIA H200"}).name == "h200"
-    assert target_of({"device_name": "NVIDIA H200, 580.159.04"}).name == "h200"   # llama.cpp adds the driver
+    assert target_of("NVIDIA H200").name == "h200"
+    assert target_of("NVIDIA H200, 580.159.04").name == "h200"   # llama.cpp adds the driver
     with pytest.raises(BadInput, match="no target declares.*pass --target"):
-        target_of({"device_name": "NVIDIA H200 NVL"})                            # another product: never a guess
+        target_of("NVIDIA H200 NVL")                            # another product: never a guess
     cached_host(tmp_path, monkeypatch)
-    assert target_of({"device": "CPU", "host": platform.node()}).name == HOST
+    assert target_of(None, "CPU", platform.node()).name == HOST
     with pytest.raises(BadInput, match="pass --target"):
-        target_of({"device": "CPU", "host": platform.node() + "-elsewhere"})
+        target_of(None, "CPU", platform.node() + "-elsewhere")
 
 
 def test_unknown_target_lists_each_name_once(tmp_path, monkeypatch):

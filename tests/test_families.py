@@ -154,12 +154,12 @@ def test_profile_with_the_families_on_cpu(tiny_model, profiled, tiny_default, ke
              "once": searched["candidates"][0]["trace"],
              "stacked": kernel_form.path}      # stacked: the generated kernel, on stacked planes
     default, routed, once, stacked = (tracefile.load(paths[n]) for n in ("default", "layout", "once", "stacked"))
-    lay = routed.route["settings"]["families"]["generated-layout"]
-    assert routed.route["label"] == "generated-layout + tinygrad-scheduler"
+    lay = routed.route.settings["families"]["generated-layout"]
+    assert routed.route.label == "generated-layout + tinygrad-scheduler"
     assert lay["applied"] == lay["eligible"] > 0 and lay["form"] == "expanded" and lay["bytes"] > 0
     # The same greedy tokens, and every weight role still found: the classifier follows the new planes.
     assert routed.output_tokens == default.output_tokens == once.output_tokens == stacked.output_tokens
-    assert stacked.route["label"] == "generated-layout + boltbeam-search"      # built from a route file's layout
+    assert stacked.route.label == "generated-layout + boltbeam-search"      # built from a route file's layout
     roles = lambda t: sorted(k.role for k in t.kernels_of_token(0) if k.category == "weights")
     assert roles(routed) == roles(default) == roles(once)
     # Stacked: one product a block for gate and up (and for the query and key), named by every tensor it
@@ -171,7 +171,7 @@ def test_profile_with_the_families_on_cpu(tiny_model, profiled, tiny_default, ke
     for b in range(census.facts.blocks):
         assert any({f"blk.{b}.ffn_gate.weight", f"blk.{b}.ffn_up.weight"} <= p for p in products(stacked))
         assert any({f"blk.{b}.attn_q.weight", f"blk.{b}.attn_k.weight"} <= p for p in products(stacked))
-    assert {k: stacked.route["settings"]["families"]["generated-layout"][k] for k in ("form", "stack")} == \
+    assert {k: stacked.route.settings["families"]["generated-layout"][k] for k in ("form", "stack")} == \
         {"form": "kernel", "stack": "stacked"}
     assert all(k.name.startswith("gemv_planes") for k in stacked.kernels_of_token(0)
                if k.category == "weights" and k.role != "token_embd")
@@ -180,11 +180,11 @@ def test_profile_with_the_families_on_cpu(tiny_model, profiled, tiny_default, ke
     made = [k for k in default.kernels_of_token(0) if k.category == "constant"]
     assert made and all(k.reads_buffers == 0 and k.writes_bytes > 0 for k in made)
     h200 = get_target("h200")
-    acc = account(default, bound(take_census(tiny_model), h200, context=default.workload["context"], batch=1), h200)
+    acc = account(default, bound(take_census(tiny_model), h200, context=default.workload.context, batch=1), h200)
     line = next(line for line in acc.lines if line.cause == "constant")
     assert f"write {sum(k.writes_bytes for k in made):,} B" in line.detail and line.kernels == len(made)
-    assert once.route["label"] == "constants-once + tinygrad-scheduler"
-    assert once.route["settings"]["families"]["constants-once"]["applied"] >= 1
+    assert once.route.label == "constants-once + tinygrad-scheduler"
+    assert once.route.settings["families"]["constants-once"]["applied"] >= 1
     assert not any(k.category == "constant" for k in once.kernels_of_token(0))
     # What the layout's products reached of the bandwidth, by who wrote them: FutureSight's measured term.
     from boltbeam.search.choose import measured_fraction
@@ -224,8 +224,8 @@ def test_search_on_the_families_writes_a_route_that_rebuilds_them(tiny_model, tm
                                   for k in timed]}
     (tmp_path / "every.json").write_text(json.dumps(every))
     routed = profile(tiny_model, tmp_path / "routed.json", "--context", "8", "--tokens", "2", "--route", str(tmp_path / "every.json"))
-    assert routed.route["label"] == "generated-layout + constants-once + boltbeam-search"
-    assert routed.route["settings"]["kernels_applied"] == len(timed)
+    assert routed.route.label == "generated-layout + constants-once + boltbeam-search"
+    assert routed.route.settings["kernels_applied"] == len(timed)
 
 
 def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
@@ -531,7 +531,7 @@ def test_split_attention_searched_on_a_route(tiny_model, kernel_form, tmp_path, 
     assert len(summary["candidates"]) == 20 and len(judged) == 1 and judged[0]["verdict"] in VERDICTS
     assert judged[0] == summary["candidates"][0]            # FutureSight's first
     ran = tracefile.load(str(out / f"split_attention_{judged[0]['setting'].replace(':', '_')}.json"))
-    assert ran.route["label"] == "generated-layout + split-attention + boltbeam-search"
+    assert ran.route.label == "generated-layout + split-attention + boltbeam-search"
     assert summary["baseline"] == str(kernel_form.path) and not (out / "baseline.json").exists()
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
@@ -552,12 +552,12 @@ def test_split_attention_searched_on_a_route(tiny_model, kernel_form, tmp_path, 
     (judged,) = [c for c in again["candidates"] if not c["skipped"]]
     assert judged["setting"] != "16:staged" and judged["verdict"] in VERDICTS
     ran = tracefile.load(str(tmp_path / "again" / f"split_attention_{judged['setting'].replace(':', '_')}.json"))
-    assert {k: v for k, v in ran.route["settings"]["families"]["split-attention"].items() if k in ("chunk", "staged", "carried")} \
+    assert {k: v for k, v in ran.route.settings["families"]["split-attention"].items() if k in ("chunk", "staged", "carried")} \
         == dict(zip(("chunk", "staged", "carried"), (int(judged["setting"].split(":")[0]), "staged" in judged["setting"],
                                                      "carried" in judged["setting"])))
     # The search's baseline is `boltbeam profile --route split.json`, in a process of its own.
     routed = tracefile.load(str(tmp_path / "again" / "baseline.json"))
-    assert routed.route["settings"]["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
+    assert routed.route.settings["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
                                                                        "kernel": False, "wide": False, "unrolled": False, "lanes": False,
                                                                        "rotary": False, "pooled": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
@@ -567,8 +567,8 @@ def test_profile_with_split_attention(tiny_model, profiled, tiny_default, tmp_pa
     """At DEPTH the decode reaches past position 16: the later tokens read the cache in two chunks of 16."""
     default = tracefile.load(tiny_default.path)
     split = tracefile.load(profiled(tiny_model, *DEPTH, "--split-attention", "16:staged"))
-    fam = split.route["settings"]["families"]["split-attention"]
-    assert split.route["label"] == "split-attention + tinygrad-scheduler"
+    fam = split.route.settings["families"]["split-attention"]
+    assert split.route.label == "split-attention + tinygrad-scheduler"
     assert fam["chunk"] == 16 and fam["staged"] is True
     assert fam["applied"] == fam["eligible"] == take_census(tiny_model).facts.blocks
     assert split.output_tokens == default.output_tokens

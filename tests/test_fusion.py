@@ -113,9 +113,9 @@ def test_a_norm_folds_only_where_every_reader_runs_the_generated_kernel(tiny_mod
 def test_profile_with_the_norms_folded(tiny_model, profiled, kernel_form, tmp_path, capsys):
     kernel = tracefile.load(kernel_form.path)        # the same layout, from a route file
     folded = tracefile.load(profiled(tiny_model, *DEPTH, "--layout", "float32:kernel:stacked", "--fusion", "norm"))
-    fam = folded.route["settings"]["families"]["fusion"]
+    fam = folded.route.settings["families"]["fusion"]
     blocks_ = take_census(tiny_model).facts.blocks
-    assert folded.route["label"] == "generated-layout + fusion + tinygrad-scheduler"
+    assert folded.route.label == "generated-layout + fusion + tinygrad-scheduler"
     assert fam["norm"] == 1 and fam["applied"] == fam["eligible"] == 2 * blocks_ + 1
     assert folded.output_tokens == kernel.output_tokens       # (and the kernel form's are the default's: test_families)
     # The folded norms launch nothing of their own; the products that fold them read their weights.
@@ -244,7 +244,7 @@ def test_search_judges_folded_norms_on_a_kernel_form_route(tiny_model, kernel_fo
     assert first["predicted_bytes"] == 0 and first["predicted_us"] == min(c["predicted_us"] for c in rest + [first])
     assert "norm" not in first["setting"] and first["verdict"] in VERDICTS and first["median_us"] > 0
     ran = tracefile.load(str(out / f"fusion_{first['setting']}.json"))
-    assert ran.route["label"] == "generated-layout + fusion + boltbeam-search"
+    assert ran.route.label == "generated-layout + fusion + boltbeam-search"
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
         assert route.families["layout"] == on.families["layout"]

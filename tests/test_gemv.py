@@ -248,8 +248,8 @@ def test_futuresight_predicts_geometries_on_the_routes_products(tiny_model):
 def test_profile_with_a_geometry_on_cpu(tiny_model, profiled, tiny_default, tmp_path, capsys):
     default = tracefile.load(tiny_default.path)
     geo = tracefile.load(profiled(tiny_model, *DEPTH, "--layout", "float32:kernel", "--gemv", "1:32:2:16"))
-    fam = geo.route["settings"]["families"]["gemv-geometry"]
-    assert geo.route["label"] == "generated-layout + gemv-geometry + tinygrad-scheduler"
+    fam = geo.route.settings["families"]["gemv-geometry"]
+    assert geo.route.label == "generated-layout + gemv-geometry + tinygrad-scheduler"
     assert (fam["lanes_per_row"], fam["rows_per_group"], fam["rows_per_thread"], fam["load_bytes"]) == (1, 32, 2, 16)
     assert 0 < fam["applied"] <= fam["eligible"] and fam["bytes"] > 0
     assert geo.output_tokens == default.output_tokens
@@ -306,7 +306,7 @@ def test_search_judges_geometries_on_a_kernel_form_route(tiny_model, kernel_form
     assert judged == cands[:1] and judged[0]["verdict"] in VERDICTS
     from boltbeam.measure import trace as tracefile
     ran = tracefile.load(str(out / f"gemv_{judged[0]['setting'].replace(':', '_')}.json"))
-    assert ran.route["label"] == "generated-layout + gemv-geometry + boltbeam-search"
+    assert ran.route.label == "generated-layout + gemv-geometry + boltbeam-search"
     if summary["chosen"]:
         route = routes.load(str(out / "route.json"))
         assert route.families["layout"] == on.families["layout"] and Geometry(**route.families["gemv"]).flag == summary["chosen"]
@@ -482,7 +482,7 @@ def test_search_times_each_product_alone_then_judges_a_geometry_for_each(tiny_mo
                                                                  for p in timed}
     assert all(c["skipped"] for c in summary["candidates"][1:])     # the budget: one judged
     ran = tracefile.load(first["trace"])
-    assert ran.route["settings"]["families"]["gemv-geometry"]["per_product"] == first["setting"]
+    assert ran.route.settings["families"]["gemv-geometry"]["per_product"] == first["setting"]
     # What a later search reads back from this one's summary (--alone-from): each product's times, fastest first.
     again = alone.earlier_times(str(out / "search.json"))
     assert {key: geometries[0].flag for key, geometries in again.items()} == {p["key"]: p["best"] for p in timed}

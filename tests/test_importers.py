@@ -16,7 +16,7 @@ from boltbeam.cli import main
 from boltbeam.errors import BadInput
 from boltbeam.files import sha256_file
 from boltbeam.measure.importers import import_chrome_trace, import_llama_bench, import_nsys_gpu_trace
-from boltbeam.measure.trace import Kernel, Trace, load
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload, load
 from boltbeam.report.chrome import chrome_trace
 
 DATA = Path(__file__).parent / "data"
@@ -51,17 +51,17 @@ def test_llama_bench_takes_every_repetition_of_the_chosen_depth(tmp_path, capsys
     trace, test = load(str(out)), decode_test(depth)
     assert trace.token_wall_us == pytest.approx([s / 128 / 1000 for s in test["samples_ns"]])
     assert len(trace.token_wall_us) == 3 and trace.kernels == []
-    assert trace.workload == {"context": depth, "tokens": 128, "batch": 1, "warmup": None}
-    assert trace.environment["engine"] == "llama.cpp"
-    assert trace.environment["engine_version"] == "0c1e57098 (build 0)"
-    assert trace.environment["device"] == "NVIDIA H200"
-    assert trace.route["label"] == "llama.cpp" and trace.route["switch"] is None
-    settings = trace.route["settings"]
+    assert trace.workload == Workload(context=depth, tokens=128, batch=1)
+    assert trace.environment.engine == "llama.cpp"
+    assert trace.environment.engine_version == "0c1e57098 (build 0)"
+    assert trace.environment.device == "NVIDIA H200"
+    assert trace.route.label == "llama.cpp" and trace.route.switch is None
+    settings = trace.route.settings
     assert [settings[k] for k in ("flash_attn", "n_gpu_layers", "n_ubatch", "backends")] == [1, 99, 512, "CUDA"]
     assert "samples_ns" not in settings and "n_depth" not in settings
-    assert trace.provenance["source"] == "import:llama-bench"
-    assert trace.provenance["inputs"] == [{"path": str(LLAMA_BENCH), "sha256": sha256_file(LLAMA_BENCH)}]
-    assert any("per repetition" in n for n in trace.provenance["notes"])
+    assert trace.provenance.source == "import:llama-bench"
+    assert trace.provenance.inputs == [{"path": str(LLAMA_BENCH), "sha256": sha256_file(LLAMA_BENCH)}]
+    assert any("per repetition" in n for n in trace.provenance.notes)
 
 
 def test_llama_bench_with_two_depths_and_no_depth_lists_them(tmp_path, capsys):
@@ -83,8 +83,8 @@ def test_llama_bench_older_version_without_samples_or_depth(tmp_path):
            for t in json.loads(LLAMA_BENCH.read_text())[:2]]
     trace = import_llama_bench(write_json(tmp_path / "old.json", old))
     assert trace.token_wall_us == pytest.approx([old[1]["avg_ns"] / 128 / 1000])
-    assert trace.workload["context"] == 0
-    notes = " ".join(trace.provenance["notes"])
+    assert trace.workload.context == 0
+    notes = " ".join(trace.provenance.notes)
     assert "avg_ns" in notes and "depth 0 assumed" in notes
 
 
@@ -109,10 +109,10 @@ def test_kineto_tokens_come_from_the_annotations(tmp_path, capsys):
     annotations = sorted((e for e in kineto_events() if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     assert trace.token_wall_us == pytest.approx([e["dur"] for e in annotations], abs=1e-3)
     assert trace.kernel_pass_wall_us == trace.token_wall_us
-    assert trace.kernel_tokens == [0, 1, 2] and trace.workload["tokens"] == 3
-    assert trace.environment["device"] == "NVIDIA H200" and trace.environment["engine"] == "pytorch"
+    assert trace.kernel_tokens == [0, 1, 2] and trace.workload.tokens == 3
+    assert trace.environment.device == "NVIDIA H200" and trace.environment.engine == "pytorch"
     gpu = [e for e in kineto_events() if e.get("cat") in ("kernel", "gpu_memcpy")]
-    assert len(trace.kernels) == len(gpu) == 21 and trace.provenance["kernels_outside_tokens"] == 0
+    assert len(trace.kernels) == len(gpu) == 21 and trace.provenance.kernels_outside_tokens == 0
     for token in trace.kernel_tokens:
         kernels = trace.kernels_of_token(token)
         assert [k.index for k in kernels] == list(range(7))
@@ -154,7 +154,7 @@ def test_kernels_belong_to_the_token_that_launched_them(tmp_path):
     trace = import_chrome_trace(write_json(tmp_path / "t.json", {"traceEvents": events}))
     assert [(k.token, k.index, k.name, k.start_us) for k in trace.kernels] == [
         (0, 0, "a", 0), (0, 1, "b", 95), (1, 0, "a", 0), (1, 1, "b", 35)]
-    assert trace.provenance["kernels_outside_tokens"] == 1
+    assert trace.provenance.kernels_outside_tokens == 1
     assert trace.token_wall_us == [100, 100]
 
 
@@ -164,7 +164,7 @@ def test_kineto_without_annotations_splits_by_count(tmp_path, capsys):
     trace = import_chrome_trace(path, tokens=2)
     assert [k.name for k in trace.kernels_of_token(1)] == ["a", "b", "c"]
     assert trace.token_wall_us == [24, 24]  # first start to last end
-    assert "first kernel's start" in " ".join(trace.provenance["notes"])
+    assert "first kernel's start" in " ".join(trace.provenance.notes)
     with pytest.raises(BadInput, match="6 GPU operations do not divide into 4"):
         import_chrome_trace(path, tokens=4)
     code, _, err = run(capsys, "import", "chrome", path, "--out", tmp_path / "o.json")
@@ -202,7 +202,7 @@ def test_nsys_both_dialects(tmp_path, capsys, path, device, second_start_us):
     with path.open() as f:
         rows = [r for r in csv.reader(f) if r and r[-1] != "Name" and len(r) > 10]
     assert len(trace.kernels) == len(rows) and trace.kernel_tokens == [0, 1]
-    assert trace.environment["device"] == device
+    assert trace.environment.device == device
     first = trace.kernels_of_token(0)
     assert first[1].start_us == pytest.approx(second_start_us)
     assert first[1].duration_us == pytest.approx(float(rows[1][1]) / 1000)  # ns in both dialects
@@ -224,7 +224,7 @@ def test_nsys_bare_columns_kernel_name_and_no_grid(tmp_path):
     trace = import_nsys_gpu_trace(path, tokens=1)
     assert [(k.name, k.start_us, k.duration_us, k.category, k.global_size) for k in trace.kernels] == [
         ("k<1, 2>", 0, 2, "other", None), ("[CUDA memcpy HtoD]", 3, 1.5, "copy", None)]
-    assert trace.environment["device"] is None
+    assert trace.environment.device is None
 
 
 # --- malformed and foreign files: one line, exit 2, nothing written --------------------------------
@@ -323,8 +323,8 @@ def test_export_reads_back_as_the_same_kernels(tmp_path, capsys):
 
 
 def minimal_trace(kernels: list[Kernel], walls: list[float], pass_walls: list[float] | None = None) -> Trace:
-    return Trace(environment={}, workload={}, route={"label": "x"}, token_wall_us=walls,
-                 provenance={"source": "profile"}, kernel_pass_wall_us=pass_walls or [], kernels=kernels)
+    return Trace(Environment(), Workload(), RouteRecord("x"), token_wall_us=walls, provenance=Provenance("profile"),
+                 kernel_pass_wall_us=pass_walls or [], kernels=kernels)
 
 
 def test_export_without_device_times_places_kernels_back_to_back(tmp_path):

@@ -18,7 +18,7 @@ from boltbeam.measure import llama_cpp_run
 from boltbeam.measure.trace import load
 from boltbeam.measure.llama_cpp_roles import align, assign, products_in_order
 from boltbeam.switches import CUPTI_PER_LAUNCH
-from boltbeam.measure.trace import Kernel, Trace
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload
 from boltbeam.read.census import TensorEntry, take_census
 
 RECORDED = pathlib.Path(__file__).parent / "data" / "llama_h200_token.json"
@@ -43,8 +43,8 @@ def fake_binding():
 
 
 def trace_of(kernels: list[Kernel]) -> Trace:
-    return Trace(environment={"engine": "llama.cpp"}, workload={"context": 0}, route={"label": "llama.cpp"},
-                 token_wall_us=[100.0], provenance={"source": "profile", "notes": []}, kernels=kernels)
+    return Trace(Environment(engine="llama.cpp"), Workload(context=0), RouteRecord("llama.cpp"), token_wall_us=[100.0],
+                 provenance=Provenance("profile", notes=[]), kernels=kernels)
 
 
 def recorded() -> tuple[list[Kernel], list[TensorEntry]]:
@@ -74,7 +74,7 @@ def test_a_recorded_h200_token_gets_every_weight_role():
     assert {"attention", "norm", "kv_write"} <= categories
     times = region_times(out)
     assert times["gate_up"] == pytest.approx(sum(k.duration_us for k in fused))
-    assert "roles from facts" in out.provenance["notes"][-1]
+    assert "roles from facts" in out.provenance.notes[-1]
 
 
 def test_a_token_missing_a_product_keeps_no_role():
@@ -82,7 +82,7 @@ def test_a_token_missing_a_product_keeps_no_role():
     missing = [k for i, k in enumerate(kernels) if i != 5]     # block 0's attn_k product never ran
     out = assign(trace_of(missing), tables)
     assert all(k.role is None for k in out.kernels)
-    assert "adapter-incomplete" in out.provenance["notes"][-1]
+    assert "adapter-incomplete" in out.provenance.notes[-1]
 
 
 def test_a_product_whose_grid_holds_no_table_keeps_no_role():
@@ -134,7 +134,7 @@ def test_the_child_runs_end_to_end_with_stand_ins(tiny_model, monkeypatch):
         read = [name for k in t.kernels_of_token(token) if k.category == "weights" for name in k.tensors]
         assert read == [x.name for x in tables]            # every table, once, in compute order
     assert {k.category for k in t.kernels if k.category != "weights"} == {"norm"}
-    assert t.environment["engine"] == "llama.cpp" and "0.0-fake" in t.environment["engine_version"]
+    assert t.environment.engine == "llama.cpp" and "0.0-fake" in t.environment.engine_version
 
 
 def test_no_token_is_timed_per_launch_unless_asked(tiny_model, monkeypatch):
@@ -146,8 +146,8 @@ def test_no_token_is_timed_per_launch_unless_asked(tiny_model, monkeypatch):
     t = llama_cpp_run.profile(tiny_model, context=4, tokens=3, warmup=1, model_hash=False,
                               progress=lambda stage, n: ticks.append(stage))
     assert ticks == ["prefill", "warm-up"] + ["plain"] * 3 + ["timed"] * 3
-    assert len(t.kernel_tokens) == 3 and any(CUPTI_PER_LAUNCH.name in n for n in t.provenance["notes"])
-    assert "per launch" not in t.provenance["timing"]
+    assert len(t.kernel_tokens) == 3 and any(CUPTI_PER_LAUNCH.name in n for n in t.provenance.notes)
+    assert "per launch" not in t.provenance.timing
 
 
 def test_llama_cpp_launch_and_sync_measured_on_its_tokens(tiny_model, monkeypatch):
@@ -182,7 +182,7 @@ def test_profile_engine_llama_cpp_from_the_command_line(tiny_model, monkeypatch,
     code = main(["profile", tiny_model, "--device", "CUDA", "--engine", "llama.cpp", "--context", "4", "--tokens", "2",
                  "--warmup", "1", "--no-hash", "--out", str(out), "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["kernel_tokens"] == 2
-    assert load(str(out)).route["label"].startswith("llama.cpp")
+    assert load(str(out)).route.label.startswith("llama.cpp")
     monkeypatch.setenv("FAKE_LLAMA_LOAD", "fail")            # a file llama.cpp cannot load: one line, exit 2
     bad = tmp_path / "bad.json"
     code = main(["profile", tiny_model, "--device", "CUDA", "--engine", "llama.cpp", "--tokens", "2", "--warmup", "1",
@@ -198,7 +198,7 @@ def test_audit_through_llama_cpp(tiny_model, monkeypatch, tmp_path, capsys):
                  "--warmup", "1", "--no-hash", "--target", "h200", "--out", str(out)])
     capsys.readouterr()
     assert code == 0 and (out / "report.html").exists()
-    assert load(str(out / "trace.json")).environment["engine"] == "llama.cpp"
+    assert load(str(out / "trace.json")).environment.engine == "llama.cpp"
     acc = json.loads((out / "account.json").read_text())
     assert not any("measured through tinygrad" in n for n in acc["notes"])   # launch and sync measured on its tokens,
     assert [x["label"] for x in acc["lines"] if x["kind"] == "launch"] == [   # none from tinygrad's facts
@@ -217,8 +217,8 @@ def test_profile_reference_holds_tinygrads_greedy_tokens_to_llama_cpps(tiny_mode
            "--no-hash", "--reference", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     trace = load(str(out))
-    ours, theirs = trace.output_tokens, trace.provenance["reference"]["output_tokens"]
-    assert theirs == [3] * len(ours) and "llama.cpp" in trace.provenance["reference"]["engine"]
+    ours, theirs = trace.output_tokens, trace.provenance.reference.output_tokens
+    assert theirs == [3] * len(ours) and "llama.cpp" in trace.provenance.reference.engine
     differ = [i for i, t in enumerate(ours) if t != 3]
     assert done.returncode == 3 and differ, done.stderr[-2000:]
     assert f"{len(differ)} of the {len(ours)} greedy tokens both decoded differ" in done.stderr

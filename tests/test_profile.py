@@ -62,9 +62,9 @@ def test_trace_holds_both_passes(tiny_model, tiny_trace):
     assert len(t.output_tokens) == 1 + 2 + 3 + 2 * 5
     assert t.kernel_pass.timing == "hcq" and t.kernel_pass.in_graph      # tinygrad's own graph timestamps
     assert t.kernel_pass.jit_calls == [1] * 5 and min(t.kernel_pass.graph_launches) >= 1
-    assert t.environment["engine"] == "tinygrad" and t.environment["engine_version"] == "0.13.0"
-    assert t.environment["model_sha256"] == sha256_file(tiny_model)
-    assert t.workload["context"] == 4 and t.route["label"] == "tinygrad-scheduler"
+    assert t.environment.engine == "tinygrad" and t.environment.engine_version == "0.13.0"
+    assert t.environment.model_sha256 == sha256_file(tiny_model)
+    assert t.workload.context == 4 and t.route.label == "tinygrad-scheduler"
     per_token = [len(t.kernels_of_token(i)) for i in range(5)]
     assert per_token[0] > 10 and len(set(per_token)) == 1     # the same kernels every token
     for k in t.kernels:
@@ -133,7 +133,7 @@ def test_smollm2_tied_output_projection_is_found(smollm2, first_audit, capsys):
     assert first_audit.returncode == 0, first_audit.stderr
     path = os.path.join(first_audit.out, "trace.json")
     t = tracefile.load(path)
-    assert [i["path"] for i in t.provenance["inputs"]] == [smollm2]
+    assert [i["path"] for i in t.provenance.inputs] == [smollm2]
     kernels = t.kernels_of_token(0)
     output = [k for k in kernels if k.role == "output"]
     assert len(output) == 1 and output[0].tensors == ["token_embd.weight"]

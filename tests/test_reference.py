@@ -62,7 +62,7 @@ def test_a_reference_in_the_checks_is_whole(raw, said):
 
 def reference_trace(tokens: list[int], **kw):
     t = make_trace(noisy(800, seed=5), tokens=tokens, **kw)
-    t.environment["engine"] = ENGINE
+    t.environment.engine = ENGINE
     return t
 
 
@@ -104,7 +104,7 @@ def test_the_audit_page_says_what_the_output_was_checked_against(tiny_model):
     from boltbeam.report.page import render
     b = bound(take_census(tiny_model), H200L, context=0, batch=1)
     route, ref = closing_trace(b, sha="ab" * 32), closing_trace(b, sha="ab" * 32)
-    route.output_tokens, ref.output_tokens, ref.environment["engine"] = TOKENS, WRONG, ENGINE
+    route.output_tokens, ref.output_tokens, ref.environment.engine = TOKENS, WRONG, ENGINE
     alone = assemble(route, "t.json", tiny_model, H200L, b, None)
     assert alone.output is None and alone.to_dict()["output_reference"] is None   # (its page: test_unread's audit)
     held = assemble(route, "t.json", tiny_model, H200L, b, None, [("ref.json", ref)])
@@ -112,5 +112,5 @@ def test_the_audit_page_says_what_the_output_was_checked_against(tiny_model):
     assert held.to_dict()["output_reference"]["sentence"] == held.output.sentence
     html = render(held)
     assert "checked against reference engine llama.cpp (ref.json)" in html and "17 of the 20 greedy tokens" in html
-    ref.workload["context"] = 64                               # another prompt is no reference
+    ref.workload.context = 64                               # another prompt is no reference
     assert assemble(route, "t.json", tiny_model, H200L, b, None, [("ref.json", ref)]).output is None

@@ -90,8 +90,8 @@ def test_profile_and_search_with_direct_replay(tiny_model, tiny_default, tmp_pat
     (only,) = summary["candidates"]
     assert only["setting"] == "direct" and only["verdict"] in VERDICTS and only["predicted_terms"] == ["host time only"]
     default, direct = tracefile.load(base), tracefile.load(only["trace"])
-    fam = direct.route["settings"]["families"]["direct-replay"]
-    assert direct.route["label"] == "direct-replay + tinygrad-scheduler"
+    fam = direct.route.settings["families"]["direct-replay"]
+    assert direct.route.label == "direct-replay + tinygrad-scheduler"
     assert fam["applied"] == fam["eligible"] > 0 and fam["bytes"] == 0
     assert direct.output_tokens == default.output_tokens
     assert [k.name for k in direct.kernels_of_token(0)] == [k.name for k in default.kernels_of_token(0)]   # same kernels
@@ -100,7 +100,7 @@ def test_profile_and_search_with_direct_replay(tiny_model, tiny_default, tmp_pat
         assert route.families == {"direct_replay": True}
         ran = profile(tiny_model, tmp_path / "routed.json", "--context", "4", "--tokens", "2", "--route",
                       str(out / "route.json"))
-        assert ran.route["label"] == "direct-replay + boltbeam-search"
+        assert ran.route.label == "direct-replay + boltbeam-search"
 
 
 def test_route_direct_replay_must_be_true_or_false(tiny_model, tmp_path, capsys):

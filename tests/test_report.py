@@ -34,7 +34,7 @@ def closing_trace(b, tokens: int = 3, sha: str | None = None, label: str = "test
     ks = [full_token(b, t) for t in range(tokens)]
     plain = span(ks[0]) + PER_CALL_US + PER_KERNEL_US * len(ks[0])
     t = make_trace(ks, [plain] * tokens, [plain + 10.0] * tokens, sha=sha)
-    t.route["label"] = label
+    t.route.label = label
     return t
 
 

@@ -84,7 +84,7 @@ def written(tiny_model, shared):
 
 
 def test_a_route_written_after_beam_carries_what_beam_chose(written):
-    compiled, settings = written.route["compiled"], written.trace.route["settings"]
+    compiled, settings = written.route["compiled"], written.trace.route.settings
     # every kernel BEAM searched, as compiled, and what it was compiled for
     assert len(compiled) == written.searches > 0
     assert by_kernel(compiled) == by_kernel(settings["compiled"])
@@ -100,7 +100,7 @@ def test_profile_with_the_route_searches_nothing(written, tiny_model, tiny_defau
     done = fresh(PROFILE, tmp_path, "profile", tiny_model, "--device", "CPU", "--route", written.path, *DEPTH,
                  "--out", str(out))
     assert searches(done) == 0
-    settings = tracefile.load(str(out)).route["settings"]
+    settings = tracefile.load(str(out)).route.settings
     assert settings["beam"] == 0 and settings["carried_applied"] == settings["kernels_carried"] == len(written.route["compiled"])
     assert by_kernel(settings["compiled"]) == by_kernel(written.route["compiled"])     # the opts each kernel ran with
     tokens = tracefile.load(str(out)).output_tokens

@@ -45,7 +45,7 @@ def test_a_sweep_on_cpu(capsys, tmp_path, tiny_model):
     assert [d["context"] for d in doc["depths"]] == [2, 8]
     for d in doc["depths"]:
         trace = tracefile.load(d["trace"])
-        assert trace.workload["context"] == d["context"] and "constants-once" in d["route"]   # the flag reached it
+        assert trace.workload.context == d["context"] and "constants-once" in d["route"]   # the flag reached it
         assert d["wall_us"] == statistics.median(trace.token_wall_us)
         assert d["regions_us"]["attention"] > 0 and doc["tok_s"][str(d["context"])] == pytest.approx(1e6 / d["wall_us"])
     html = (out / "sweep.html").read_text()
@@ -79,8 +79,9 @@ def test_a_refusal_after_the_trace_stays_beside_its_numbers(tmp_path, monkeypatc
         context = int(flags[flags.index("--context") + 1])
         if context == 99:
             return "Killed"
-        tracefile.save(tracefile.Trace(environment={"engine": "tinygrad"}, workload={"context": context},
-                                       route={"label": "r"}, token_wall_us=[100.0, 300.0], provenance={}), out)
+        tracefile.save(tracefile.Trace(tracefile.Environment(engine="tinygrad"), tracefile.Workload(context=context),
+                                       tracefile.RouteRecord("r"), token_wall_us=[100.0, 300.0],
+                                       provenance=tracefile.Provenance()), out)
         return "boltbeam: refused: adapter-incomplete: 1 of the file's tensors was never read"
     monkeypatch.setattr(tinygrad_run, "profile_elsewhere", profiled)
     done = sweeps.sweep("m.gguf", "CPU", [4, 8], tmp_path, [])

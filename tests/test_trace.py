@@ -1,11 +1,14 @@
 """The trace format: every field a reader relies on is checked when a trace is loaded, so bad
 input ends in one line and exit 2 in every command that reads traces."""
 import json
+from pathlib import Path
 
 import pytest
 
 from boltbeam.cli import main
 from boltbeam.measure.trace import FORMAT, VERSION, KernelPass, load
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def good() -> dict:
@@ -50,6 +53,8 @@ BAD = [
     (top(["token_wall_us"], [0.0, 5.0]), "'token_wall_us'"),
     (top(["kernels"], {"a": 1}), "'kernels' must be a list"),
     (top(["route", "label"], 3), "route 'label'"),
+    (top(["environment", "gpu"], "x"), "unexpected keyword argument 'gpu'"),     # a key no field names
+    (top(["provenance", "reference"], 3), "'reference' must be an object"),
     (top(["kernel_pass"], {"timing": "stopwatch", "jit_calls": [1], "graph_launches": [2]}), "'kernel_pass' must be"),
     (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1]}), "'kernel_pass' must be"),
     (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [-1], "graph_launches": [2]}), "'kernel_pass' must be"),
@@ -89,6 +94,18 @@ def test_a_good_trace_loads(tmp_path, capsys):
                                       "plain_bracket_us": [900.0], "timed_bracket_us": [925.5]})
     path.write_text(json.dumps(bracketed))
     assert load(str(path)).timing_cost_us() == [25.5]
+
+
+@pytest.mark.parametrize("path", ["bench/h200/runs/tinygrad_default.json.gz",      # tinygrad, before notes
+                                  "bench/h200/search/run4/candidate.json.gz",
+                                  "bench/h200/models/SmolLM2-135M.llama.json.gz",   # llama.cpp
+                                  "bench/h200/runs/llama_bench_d512.trace.json"])   # llama-bench, imported
+def test_a_stored_trace_saves_again_with_the_objects_it_had(path):
+    from boltbeam.files import load_json
+    from boltbeam.measure.trace import RECORDS
+    doc = load_json(ROOT / path, "trace")
+    again = load(str(ROOT / path)).to_dict()
+    assert {key: again[key] for key in RECORDS} == {key: doc[key] for key in RECORDS}
 
 
 def test_account_needs_the_model_it_ran(tmp_path, capsys):

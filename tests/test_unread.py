@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from boltbeam.cli import main
-from boltbeam.measure.trace import Kernel, Trace, save
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload, save
 from boltbeam.measure.unread import NEUTRAL, _neutral, unread_tensors
 from boltbeam.read.census import TensorEntry, take_census
 from boltbeam.synth import writer
@@ -25,8 +25,8 @@ def decoded(names_by_token: list[list[str]], engine: str = "tinygrad", source: s
     """A trace whose token t has one kernel per name in names_by_token[t], reading that tensor."""
     kernels = [Kernel(token=t, index=i, name=f"k{i}", duration_us=1.0, tensors=[n])
                for t, names in enumerate(names_by_token) for i, n in enumerate(names)]
-    return Trace(environment={"engine": engine}, workload={"context": 0, "batch": 1}, route={"label": "r"},
-                 token_wall_us=[10.0] * len(names_by_token), provenance={"source": source}, kernels=kernels)
+    return Trace(Environment(engine=engine), Workload(context=0, batch=1), RouteRecord("r"),
+                 token_wall_us=[10.0] * len(names_by_token), provenance=Provenance(source), kernels=kernels)
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,7 @@ def _winner(a: float, b: float) -> str:
 
 def label(trace: Trace) -> str:
     env = trace.environment
-    parts = [env.get("engine"), trace.route.get("label"), env.get("device")]
+    parts = [env.engine, trace.route.label, env.device]
     return " | ".join(str(p) for p in dict.fromkeys(parts) if p) or "trace"
 
 
@@ -163,10 +163,10 @@ def compare(a: Trace, b: Trace, bound: Bound | None = None, exclusive: bool = Fa
     rows = (*REGIONS, *TIMELINE_ROWS[:1 if exclusive else None])
     if not a.token_wall_us or not b.token_wall_us:
         raise Refused("both traces need plain token walls to compare whole tokens")
-    ctx_a, ctx_b = a.workload.get("context"), b.workload.get("context")
+    ctx_a, ctx_b = a.workload.context, b.workload.context
     if ctx_a != ctx_b:
         notes.append(f"the traces decoded at different contexts (A {ctx_a}, B {ctx_b}): attention is not like for like")
-    sha_a, sha_b = a.environment.get("model_sha256"), b.environment.get("model_sha256")
+    sha_a, sha_b = a.environment.model_sha256, b.environment.model_sha256
     if sha_a and sha_b and sha_a != sha_b:
         notes.append(f"the traces ran different model files (sha256 A {sha_a[:12]}…, B {sha_b[:12]}…)")
 

@@ -61,7 +61,7 @@ def parse_contexts(text: str) -> list[int]:
 
 
 def depth_of(trace: tracefile.Trace, path: str) -> Depth:
-    context = trace.workload.get("context")
+    context = trace.workload.context
     if not isinstance(context, int):
         raise BadInput(f"{path}: the trace records no KV depth")
     regions = region_times(trace) if trace.kernels else {}
@@ -84,7 +84,7 @@ def sweep(model: str, device: str, contexts: list[int], out: Path, flags: list[s
                 raise BadInput(f"depth {context}: {why.removeprefix('boltbeam: error: ')}")
             raise Refused(f"the profile at depth {context} did not finish: {why}")
         trace = tracefile.load(str(path))
-        engine = trace.environment.get("engine", engine)
+        engine = trace.environment.engine or engine
         depths.append(dataclasses.replace(depth_of(trace, str(path)), refusal=why))
     return Sweep(model, device, engine, depths)
 

@@ -401,7 +401,7 @@ def account(trace: Trace, bound: Bound, target: Target, load_bytes: int = LOAD_B
     if bound.batch != 1:
         raise BadInput(f"the account ties out batch-1 decode tokens; the bound is for batch {bound.batch}")
     notes: list[str] = []
-    context = trace.workload.get("context")
+    context = trace.workload.context
     if context is None:
         notes.append(f"the trace does not say its context: bounded at context {bound.context}")
     elif context != bound.context:
@@ -481,7 +481,7 @@ def _role_lines(trace: Trace, per_token: list[dict[str, float]], bound: Bound, t
     with its causes; biggest gap first."""
     bandwidth = bound.bandwidth_bytes_per_s
     by_role = {r.role: r for r in bound.roles}
-    planes = LAYOUT_LABEL in str(trace.route.get("label", ""))     # the weights were read as planes
+    planes = LAYOUT_LABEL in str(trace.route.label or "")     # the weights were read as planes
     kernels_of_role: dict[str, list[Kernel]] = defaultdict(list)
     for k in trace.kernels:
         if role := role_of(k):
@@ -708,7 +708,7 @@ def _launch_line(trace: Trace, groups: dict[int, list[Kernel]], target: Target, 
                      f"launch and sync are not counted")
         return None
     measured_through = {f.engine for f in facts} - {None}
-    if measured_through and (engine := trace.environment.get("engine")) not in measured_through:
+    if measured_through and (engine := trace.environment.engine) not in measured_through:
         notes.append(f"the target's launch facts were measured through {', '.join(sorted(measured_through))}; this "
                      f"trace ran {engine or 'an unnamed engine'}, whose host launches and synchronizes its own way: "
                      f"launch and sync are not counted (they lie in the residual)")

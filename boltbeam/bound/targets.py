@@ -167,15 +167,16 @@ def get_target(name: str, extra_files: list[str] | None = None) -> Target:
     raise BadInput(f"unknown target {name!r}; known: {', '.join(sorted({*targets, HOST}))}")
 
 
-def target_of(environment: dict[str, Any], extra_files: list[str] | None = None) -> Target:
-    """The target a trace ran on, from what it recorded: the declared target whose device_name is the chip's
-    name (an engine may add the driver's version after a comma), or `host` for a CPU trace taken on this
-    machine; else the user must say."""
-    name = environment.get("device_name") or ""
+def target_of(device_name: str | None, device: str | None = None, host: str | None = None,
+              extra_files: list[str] | None = None) -> Target:
+    """The target a trace ran on, from what its environment recorded: the declared target whose device_name is
+    the chip's name (an engine may add the driver's version after a comma), or `host` for a CPU trace taken on
+    this machine; else the user must say."""
+    name = device_name or ""
     declared = [t for t in registry(extra_files).values() if t.device_name == name.split(",")[0].strip()]
     if len(declared) == 1:
         return declared[0]
-    if environment.get("device") == "CPU" and environment.get("host") == platform.node():
+    if device == "CPU" and host == platform.node():
         return get_target(HOST, extra_files)
     raise BadInput(f"the trace ran on {name or 'a device it did not name'}, which "
                    f"{'several targets declare' if declared else 'no target declares as its device_name'}: pass --target")

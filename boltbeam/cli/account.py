@@ -59,15 +59,17 @@ def _bound_for(model: str, args: argparse.Namespace, trace: Trace):
     from boltbeam.bound.roofline import bound
     from boltbeam.bound.targets import get_target, target_of
     from boltbeam.read.census import take_census
-    target = get_target(args.target, args.targets) if args.target else target_of(trace.environment, args.targets)
-    context = trace.workload.get("context") or 0
+    env = trace.environment
+    target = (get_target(args.target, args.targets) if args.target
+              else target_of(env.device_name, env.device, env.host, args.targets))
+    context = trace.workload.context or 0
     return bound(take_census(model), target, context=context, batch=1), target
 
 
 def check_model(trace: Trace, model: str) -> None:
     """Refuse when the trace says it ran a different file (both hashes known)."""
     from boltbeam.files import sha256_file
-    expected = trace.environment.get("model_sha256")
+    expected = trace.environment.model_sha256
     if expected and (actual := sha256_file(model)) != expected:
         raise Refused(f"the trace ran a different model: its model_sha256 is {expected[:16]}…, "
                       f"{model} hashes to {actual[:16]}… (--no-hash-check to account anyway)")
@@ -78,7 +80,7 @@ def model_of(trace: Trace) -> str:
     else the embedded default if the trace's hash says it ran that; never a guess."""
     from boltbeam.cli.read import default_model
     from boltbeam.files import sha256_file
-    path, sha = trace.environment.get("model_path"), trace.environment.get("model_sha256")
+    path, sha = trace.environment.model_path, trace.environment.model_sha256
     if path and Path(path).is_file():
         return path
     try:

@@ -77,7 +77,8 @@ class _Inputs:
         if args.target or trace is None and getattr(args, "device", None) == "CPU":
             self.target = get_target(args.target or HOST, args.targets)
         elif trace is not None:
-            self.target = target_of(trace.environment, args.targets)
+            env = trace.environment
+            self.target = target_of(env.device_name, env.device, env.host, args.targets)
         else:
             raise BadInput(f"audit on {args.device} needs --target (see `boltbeam targets`)")
         self.price = price_of(self.target, args.price_per_hour)
@@ -107,8 +108,8 @@ def run_audit(args: argparse.Namespace) -> int:
     given = tracefile.load(args.trace) if args.trace else None
     if args.reference:      # before minutes of profiling
         from boltbeam.cli.measure import check_reference
-        check_reference(given.environment.get("engine") if given else args.engine)
-    context = given.workload.get("context", args.context) if given else args.context
+        check_reference(given.environment.engine if given else args.engine)
+    context = given.workload.context if given else args.context
     inputs = _Inputs(args, context, given)
     out = output_dir(args.out)   # made with its files: a failed audit leaves no folder behind
     started = time.monotonic()
@@ -137,7 +138,7 @@ def run_audit(args: argparse.Namespace) -> int:
             from boltbeam.report.audit import OutputCheck
             step("llama.cpp's reference tokens on the same prompt ids")
             gate = reference(trace, model)      # (the trace written keeps llama.cpp's tokens)
-            output = OutputCheck(trace.provenance["reference"]["engine"], "audit --reference: decoded here on the "
+            output = OutputCheck(trace.provenance.reference.engine, "audit --reference: decoded here on the "
                                  "trace's prompt ids", gate.status, gate.sentence)
         step("account, comparisons, report")
         html_path, audit = _audit_files(trace, trace_path, model, b, inputs, out, profiled=given is None, output=output)
@@ -182,8 +183,8 @@ def run_report(args: argparse.Namespace) -> int:
     model = args.model or model_of(trace)
     if not args.no_hash_check:
         check_model(trace, model)
-    inputs = _Inputs(args, trace.workload.get("context"), trace)
-    b = bound(take_census(model), inputs.target, context=trace.workload.get("context") or 0, batch=1)
+    inputs = _Inputs(args, trace.workload.context, trace)
+    b = bound(take_census(model), inputs.target, context=trace.workload.context or 0, batch=1)
     audit = assemble(trace, args.trace, model, inputs.target, b, inputs.price, inputs.others, inputs.ledger,
                      funnel=inputs.funnel, exclusive=inputs.exclusive)
     write_atomic(args.out, _checked_size(render(audit)))

@@ -13,7 +13,7 @@ from boltbeam.errors import BadInput, Refused
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.importers import (DEFAULT_TOKEN_MARKER, import_chrome_trace, import_llama_bench,
                                         import_nsys_gpu_trace)
-from boltbeam.measure.trace import TIMINGS, Trace
+from boltbeam.measure.trace import TIMINGS, Reference, Trace
 from boltbeam.report.chrome import TOKEN_TID, write_chrome
 from boltbeam.route.families import FAMILIES, Flags
 from boltbeam.route.use import families, route_for
@@ -136,10 +136,10 @@ def reference(trace: Trace, model: str):
     from boltbeam.measure.llama_cpp_run import reference_tokens
     from boltbeam.measure.tinygrad_run import prompt_tokens
     from boltbeam.read.census import take_census
-    prompt = prompt_tokens(trace.workload["context"], take_census(model).facts.vocabulary)
+    prompt = prompt_tokens(trace.workload.context, take_census(model).facts.vocabulary)
     with _decode_bar("llama.cpp's reference tokens", len(trace.output_tokens) - 1) as tick:
         tokens, engine = reference_tokens(model, prompt, len(trace.output_tokens) - 1, tick)
-    trace.provenance["reference"] = {"engine": engine, "output_tokens": tokens}
+    trace.provenance.reference = Reference(engine, tokens)
     return reference_gate(trace, engine, tokens, 0.0)
 
 
@@ -211,11 +211,11 @@ def _run_flags(k: argparse.ArgumentParser) -> None:
 
 def trace_summary(trace: Trace, out: str) -> dict[str, Any]:
     walls = trace.token_wall_us
-    return {"out": out, "source": trace.provenance["source"], "engine": trace.environment.get("engine"),
-            "device": trace.environment.get("device"), "context": trace.workload.get("context"),
+    return {"out": out, "source": trace.provenance.source, "engine": trace.environment.engine,
+            "device": trace.environment.device, "context": trace.workload.context,
             "token_walls": len(walls), "median_token_wall_us": statistics.median(walls) if walls else None,
             "kernels": len(trace.kernels), "kernel_tokens": len(trace.kernel_tokens),
-            "notes": trace.provenance.get("notes", [])}
+            "notes": trace.provenance.notes or []}
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -157,12 +157,11 @@ def load_checks(path: str) -> Checks:
 def with_reference(checks: Checks, reference: Trace, candidates: list[Trace], where: str) -> Checks:
     """The checks holding the output to a reference engine's trace: its output tokens, decoded from the same
     prompt ids (the same model at the same depth) as every candidate."""
-    engine = reference.environment.get("engine")
+    engine = reference.environment.engine
     if not reference.output_tokens or not engine:
         raise BadInput(f"reference {where}: it records no output tokens, or no engine")
-    for key in ("model_sha256", "context"):
-        part = "environment" if key == "model_sha256" else "workload"
-        mine, theirs = getattr(reference, part).get(key), {getattr(c, part).get(key) for c in candidates}
+    for part, key in (("environment", "model_sha256"), ("workload", "context")):
+        mine, theirs = getattr(getattr(reference, part), key), {getattr(getattr(c, part), key) for c in candidates}
         if mine is None or theirs != {mine}:
             raise BadInput(f"reference {where}: its {key} is {mine!r}, the candidate's {', '.join(map(repr, theirs))}: "
                            f"not the same model and prompt")
@@ -237,7 +236,7 @@ def judge(baseline: Trace, candidate: Trace, checks: Checks = Checks()) -> Judge
         reopen = checks.reopen or _default_reopen(verdict, gates, checks)
     return Judgement(verdict=verdict, reasons=reasons, gates=gates, effect=effect,
                      numbers=_numbers(baseline, candidate, checks),
-                     candidate_id=checks.candidate_id or str(candidate.route.get("label") or "unlabelled"),
+                     candidate_id=checks.candidate_id or str(candidate.route.label or "unlabelled"),
                      scope=scope_of(candidate), reopen=reopen, checked_against=checked_against(baseline, checks))
 
 
@@ -271,7 +270,7 @@ def _decide(baseline: Trace, candidate: Trace, checks: Checks, problems: list[st
     if problems:
         return ADAPTER_INCOMPLETE, problems
     if baseline.route == candidate.route:
-        return DIAGNOSTIC, [f"the candidate ran the same route as the baseline ({candidate.route.get('label')!r}, "
+        return DIAGNOSTIC, [f"the candidate ran the same route as the baseline ({candidate.route.label!r}, "
                             "same switch and settings): a measurement of noise, not a change",
                             gates["faster"].sentence]
     if not checks.expressible:
@@ -294,7 +293,7 @@ def unreadable(baseline: Trace, candidate: Trace, checks: Checks) -> list[str]:
         if not trace.token_wall_us:
             problems.append(f"the {name} trace holds no whole-token samples")
     for part, key in SAME_WORKLOAD:
-        a, b = getattr(baseline, part).get(key), getattr(candidate, part).get(key)
+        a, b = (getattr(getattr(t, part), key) for t in (baseline, candidate))
         if a != b:
             problems.append(f"the traces measured different workloads: {key} is {a!r} in the baseline, "
                             f"{b!r} in the candidate")
@@ -349,7 +348,7 @@ def checked_against(baseline: Trace, checks: Checks) -> str:
     """What the correct gate held the candidate's output to."""
     if checks.reference_engine is not None:
         return f"reference engine {checks.reference_engine}"
-    return f"the baseline's route only ({baseline.route.get('label') or 'unlabelled'}): no reference engine"
+    return f"the baseline's route only ({baseline.route.label or 'unlabelled'}): no reference engine"
 
 
 def correct_gate(baseline: Trace, candidate: Trace, tolerance: float) -> Gate:
@@ -382,7 +381,7 @@ def reference_gate(candidate: Trace, engine: str, reference: list[int], toleranc
 
 
 def route_gate(candidate: Trace, expected: str | None) -> Gate:
-    label = candidate.route.get("label")
+    label = candidate.route.label
     if expected is None:
         return Gate(NO_EVIDENCE, "the checks declare no expected route, so nothing shows the intended route ran")
     if not label:
@@ -407,8 +406,8 @@ def faster_gate(effect: Effect | None, baseline: Trace, candidate: Trace, checks
 
 def memory_gate(candidate: Trace, capacity_bytes: int | None) -> Gate:
     # trace.load has checked both are byte counts or null
-    peak = candidate.memory.get("peak_bytes")
-    capacity = capacity_bytes if capacity_bytes is not None else candidate.memory.get("capacity_bytes")
+    peak = candidate.memory.peak_bytes
+    capacity = capacity_bytes if capacity_bytes is not None else candidate.memory.capacity_bytes
     if peak is None:
         return Gate(NO_EVIDENCE, "the candidate trace records no peak memory, so the fit on the target is unchecked")
     if capacity is None:
@@ -420,7 +419,7 @@ def memory_gate(candidate: Trace, capacity_bytes: int | None) -> Gate:
 
 
 def switch_gate(candidate: Trace) -> Gate:
-    switch = candidate.route.get("switch")
+    switch = candidate.route.switch
     if not _is_text(switch):
         return Gate(NO_EVIDENCE, "the candidate's route names no switch that turns it off")
     return Gate(PASS, f"one switch turns it off: {switch}")
@@ -442,14 +441,14 @@ def _numbers(baseline: Trace, candidate: Trace, checks: Checks) -> dict[str, Any
             "token_floor_us": checks.token_floor_us, "threshold": checks.threshold, "alpha": checks.alpha,
             "output_tokens_compared": compared, "output_tokens_differing": differing,
             "token_tolerance": checks.token_tolerance,
-            "peak_bytes": candidate.memory.get("peak_bytes"),
+            "peak_bytes": candidate.memory.peak_bytes,
             "capacity_bytes": checks.capacity_bytes if checks.capacity_bytes is not None
-            else candidate.memory.get("capacity_bytes")}
+            else candidate.memory.capacity_bytes}
 
 
 def scope_of(trace: Trace) -> dict[str, Any]:
     """What a verdict on this trace applies to: model, target, workload, compiler and its version."""
     env, workload = trace.environment, trace.workload
-    return {"model_sha256": env.get("model_sha256"), "target": env.get("device"),
-            "workload": {"context": workload.get("context"), "batch": workload.get("batch")},
-            "compiler": env.get("compiler"), "compiler_version": env.get("compiler_version")}
+    return {"model_sha256": env.model_sha256, "target": env.device,
+            "workload": {"context": workload.context, "batch": workload.batch},
+            "compiler": env.compiler, "compiler_version": env.compiler_version}

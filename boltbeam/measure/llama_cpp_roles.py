@@ -92,11 +92,11 @@ def assign(trace: Trace, tensors: list[TensorEntry]) -> Trace:
                                                    bytes=sum(t.bytes_per_token for t in g)))
             else:
                 kernels.append(dataclasses.replace(k, category="other" if PRODUCT_OP in k.name else category_of(k.name)))
-    notes = list(trace.provenance.get("notes", []))
+    notes = list(trace.provenance.notes or [])
     if failed:
         notes.append(f"adapter-incomplete: the products of token(s) {failed} did not align, or aligned more than one "
                      f"way, with the model's {len(tensors)} weight tables in compute order: their kernels keep no role")
     else:
         notes.append(f"roles from facts: each token's {len(tensors)} weight tables in compute order aligned with its "
                      f"product kernels by launch grid")
-    return dataclasses.replace(trace, kernels=kernels, provenance={**trace.provenance, "notes": notes})
+    return dataclasses.replace(trace, kernels=kernels, provenance=dataclasses.replace(trace.provenance, notes=notes))

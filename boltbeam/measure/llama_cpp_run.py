@@ -35,7 +35,7 @@ from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchTimed, alt
 from boltbeam.measure.llama_cpp_child import RawRun, Request
 from boltbeam.measure.llama_cpp_roles import assign, products_in_order
 from boltbeam.measure.tinygrad_run import prompt_tokens
-from boltbeam.measure.trace import Kernel, KernelPass, Trace
+from boltbeam.measure.trace import Environment, Kernel, KernelPass, Provenance, RouteRecord, Trace, Workload
 from boltbeam.read.census import take_census
 
 ENGINE = "llama.cpp"
@@ -149,26 +149,25 @@ def _trace(model: str, prompt: list[int], raw: RawRun, timed: list[_Timed], laun
     device_name, driver = _device()
     first_timed = len(prompt) + len(out) - 1 - len(timed) - len(launched)
     return Trace(
-        environment={"engine": ENGINE, "engine_version": f"llama-cpp-python {raw.binding}", "device": "CUDA",
-                     "device_name": device_name, "driver": driver, "compiler": None, "compiler_version": None,
-                     "host": platform.node(), "python": platform.python_version(), "command": " ".join(sys.argv),
-                     "model_path": model, "model_sha256": sha256_file(model) if model_hash else None,
-                     "tool": f"boltbeam {__version__}"},
-        workload={"context": len(prompt), "tokens": len(walls), "warmup": warmup, "batch": 1,
-                  "kernel_pass_depths": list(range(first_timed, first_timed + (len(timed) + len(launched)),
-                                                   2 if launched else 1)),
-                  "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
-        route={"label": "llama.cpp (flash attention, all layers on the GPU)", "switch": None,
-               "settings": {"flash_attn": True, "n_gpu_layers": -1, "n_batch": 512}},
+        environment=Environment(engine=ENGINE, engine_version=f"llama-cpp-python {raw.binding}", device="CUDA",
+                                device_name=device_name, driver=driver, host=platform.node(),
+                                python=platform.python_version(), command=" ".join(sys.argv), model_path=model,
+                                model_sha256=sha256_file(model) if model_hash else None,
+                                tool=f"boltbeam {__version__}"),
+        workload=Workload(len(prompt), len(walls), warmup, batch=1,
+                          kernel_pass_depths=list(range(first_timed, first_timed + (len(timed) + len(launched)),
+                                                        2 if launched else 1)),
+                          prompt="boltbeam.measure.tinygrad_run.prompt_tokens"),
+        route=RouteRecord("llama.cpp (flash attention, all layers on the GPU)", None,
+                          {"flash_attn": True, "n_gpu_layers": -1, "n_batch": 512}),
         token_wall_us=walls, output_tokens=out, kernel_pass_wall_us=[t.wall_us for t in timed], kernels=kernels,
         kernel_pass=KernelPass("cupti", [1] * len(timed), [g + o for g, o in zip(graphs, outside)], lead, trail,
                                **launch_fields(launched)),
-        provenance={"source": "profile", "tool_version": __version__,
-                    "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "timing": f"in the graph replay: CUPTI activity records of every kernel of llama.cpp's own "
-                              f"CUDA graphs, flushed once after the measured tokens (cupti-python {raw.cupti_python}); "
-                              f"one decode call per token"
-                              + ("; beside each such token one timed per launch (graph records and graph-launch "
-                                 "calls only)" if launched else ""),
-                    "notes": [f"kernels launched outside a graph per token: {sorted(set(outside))}", *raw.notes],
-                    "inputs": [{"path": model, "sha256": None}]})
+        provenance=Provenance("profile", __version__, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                              timing=f"in the graph replay: CUPTI activity records of every kernel of llama.cpp's own "
+                                     f"CUDA graphs, flushed once after the measured tokens (cupti-python "
+                                     f"{raw.cupti_python}); one decode call per token"
+                                     + ("; beside each such token one timed per launch (graph records and graph-launch "
+                                        "calls only)" if launched else ""),
+                              notes=[f"kernels launched outside a graph per token: {sorted(set(outside))}", *raw.notes],
+                              inputs=[{"path": model, "sha256": None}]))

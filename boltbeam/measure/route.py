@@ -198,7 +198,7 @@ def judged_by(route: Route, trace: str | None) -> Route:
     from boltbeam.measure import trace as tracefile
     if not (trace and os.path.isfile(trace)):
         return route
-    return carried(route, tracefile.load(trace).route.get("settings", {}), f"trace {trace}")
+    return carried(route, tracefile.load(trace).route.settings, f"trace {trace}")
 
 
 def compiled_of(raw: Any, where: str) -> list[Compiled]:

@@ -49,7 +49,8 @@ from boltbeam.measure import seam
 from boltbeam.measure.prepared import Prepared
 from boltbeam.measure.route import Route, routed_label
 from boltbeam.measure.route import install as route_install
-from boltbeam.measure.trace import TIMINGS, Kernel, KernelPass, Trace
+from boltbeam.measure.trace import (TIMINGS, Environment, Kernel, KernelPass, Memory, Provenance, RouteRecord, Trace,
+                                    Workload)
 from boltbeam.read.census import Census, TensorEntry, take_census
 from boltbeam.read.roles import ROLES
 
@@ -386,36 +387,35 @@ class Classifier:
         return ("elementwise" if l.name.startswith("E_") else "other"), None, []
 
 
-def _environment(device: str, model: pathlib.Path, model_hash: bool) -> dict[str, Any]:
+def _environment(device: str, model: pathlib.Path, model_hash: bool) -> Environment:
     from importlib.metadata import version
 
     from tinygrad import Device
     dev = Device[device]
-    env: dict[str, Any] = {
-        "engine": "tinygrad", "engine_version": version("tinygrad"), "device": device,
-        "host": platform.node(), "python": platform.python_version(), "platform": platform.platform(),
-        "compiler": type(dev.compiler).__name__ if getattr(dev, "compiler", None) else None,
-        "renderer": type(dev.renderer).__name__, "command": " ".join(sys.argv),
-        "model_path": str(model), "model_sha256": sha256_file(model) if model_hash else None,
-        "tool": f"boltbeam {__version__}",
-    }
+    env = Environment(
+        engine="tinygrad", engine_version=version("tinygrad"), device=device,
+        host=platform.node(), python=platform.python_version(), platform=platform.platform(),
+        compiler=type(dev.compiler).__name__ if getattr(dev, "compiler", None) else None,
+        renderer=type(dev.renderer).__name__, command=" ".join(sys.argv),
+        model_path=str(model), model_sha256=sha256_file(model) if model_hash else None,
+        tool=f"boltbeam {__version__}")
     if device.startswith("CUDA"):
         from tinygrad.runtime.autogen import cuda
         name = ctypes.create_string_buffer(256)
         cuda.cuDeviceGetName(name, 256, dev.cu_device)
         ver = ctypes.c_int()
         cuda.cuDriverGetVersion(ctypes.byref(ver))
-        env.update(device_name=name.value.decode(), driver=f"CUDA {ver.value // 1000}.{ver.value % 1000 // 10}",
-                   arch=getattr(dev, "arch", None), compiler_version=f"CUDA driver {ver.value}")
+        env.device_name, env.driver = name.value.decode(), f"CUDA {ver.value // 1000}.{ver.value % 1000 // 10}"
+        env.arch, env.compiler_version = getattr(dev, "arch", None), f"CUDA driver {ver.value}"
     else:
-        env["device_name"] = platform.processor() or platform.machine()
+        env.device_name = platform.processor() or platform.machine()
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            env["compiler_version"] = subprocess.run(["clang", "--version"], capture_output=True, text=True,
-                                                     timeout=10).stdout.splitlines()[0]
+            env.compiler_version = subprocess.run(["clang", "--version"], capture_output=True, text=True,
+                                                  timeout=10).stdout.splitlines()[0]
     return env
 
 
-def _memory(device: str) -> dict[str, int | None]:
+def _memory(device: str) -> Memory:
     from tinygrad.helpers import GlobalCounters
     cap = None
     if device.startswith("CUDA"):
@@ -426,7 +426,7 @@ def _memory(device: str) -> dict[str, int | None]:
         cap = total.value
     elif hasattr(os, "sysconf"):
         cap = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return {"peak_bytes": int(GlobalCounters.mem_used), "capacity_bytes": cap}
+    return Memory(int(GlobalCounters.mem_used), cap)
 
 
 def _buffer_ids(tensors) -> set[int]:
@@ -758,7 +758,7 @@ class _Run:
     route: tuple[str, Route, Any] | None = None   # (path, route, the kernels it applied to) when routed
     applied: Any = None                           # the kernels compiled with BEAM's or the route's opts
 
-    def _route(self) -> dict[str, Any]:
+    def _route(self) -> RouteRecord:
         """The route label says what ran: a search's route only when every kernel it names was applied."""
         beam = self.beam
         env = switches.recorded()
@@ -767,19 +767,19 @@ class _Run:
                                for p in self.prepared], "")
         switch = f"{switches.ROUTE.name}=none (every generated family off)" if self.prepared else None
         if self.route is None:
-            return {"label": prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),
-                    "switch": switch or ("boltbeam profile --beam 0" if beam else None),
-                    "settings": {"beam": beam, "beam_scope": "decode JIT" if beam else None, **families, **env,
-                                 **self.applied.record()}}
+            return RouteRecord(prefix + (f"tinygrad-beam-{beam}" if beam else "tinygrad-scheduler"),
+                               switch or ("boltbeam profile --beam 0" if beam else None),
+                               {"beam": beam, "beam_scope": "decode JIT" if beam else None, **families, **env,
+                                **self.applied.record()})
         path, route, applied = self.route
         named, carried = {c.kernel for c in route.choices}, {c.kernel for c in route.compiled}
         ran = len(named & applied.kernels)
-        return {"label": prefix + ("boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})"),
-                "switch": f"boltbeam profile --route none (or {switches.ROUTE.name}=none)",
-                "settings": {"route": path, "family": route.family, "provenance": route.provenance,
-                             "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env,
-                             **({"kernels_carried": len(carried), "carried_applied": len(carried & applied.kernels)}
-                                if carried else {}), **applied.record()}}
+        return RouteRecord(prefix + ("boltbeam-search" if ran == len(named) else f"boltbeam-search (partial: {ran} of {len(named)})"),
+                           f"boltbeam profile --route none (or {switches.ROUTE.name}=none)",
+                           {"route": path, "family": route.family, "provenance": route.provenance,
+                            "kernels_routed": len(named), "kernels_applied": ran, "beam": beam, **families, **env,
+                            **({"kernels_carried": len(carried), "carried_applied": len(carried & applied.kernels)}
+                               if carried else {}), **applied.record()})
 
     def _trace(self, plain: list[_Step], timed: list[_TimedToken], memory, notes: list[str], model_hash: bool) -> Trace:
         from importlib.metadata import version
@@ -800,17 +800,17 @@ class _Run:
                                       local_size=launch.local_size, opts=launch.opts, reads_buffers=len(launch.reads),
                                       writes_bytes=sum(b.nbytes for b in launch.writes)))
         first_timed = len(self.prompt) + len(self.out_tokens) - len(timed) - self.decoded_per_launch
+        depths = list(range(first_timed, first_timed + len(timed) + self.decoded_per_launch,
+                            2 if self.decoded_per_launch else 1))
         marked = all(t.marks_ns for t in timed)
         steps = plain + [t.step for t in timed]
         bracketed = all(s.bracket_us is not None for s in steps)
         hosted = marked and all(s.host_us is not None for s in steps)   # beside the timed tokens' lead and trail
         return Trace(
             environment=_environment(self.device, self.path, model_hash),
-            workload={"context": len(self.prompt), "tokens": self.tokens, "warmup": self.warmup, "batch": 1,
-                      "kernel_pass_depths": list(range(first_timed, first_timed + len(timed) + self.decoded_per_launch,
-                                                       2 if self.decoded_per_launch else 1))
-                      if self.rec.timing != "hcq" else None,
-                      "prompt": "boltbeam.measure.tinygrad_run.prompt_tokens"},
+            workload=Workload(len(self.prompt), self.tokens, self.warmup, batch=1,
+                              kernel_pass_depths=depths if self.rec.timing != "hcq" else None,
+                              prompt="boltbeam.measure.tinygrad_run.prompt_tokens"),
             route=self._route(),
             token_wall_us=[s.wall_us for s in plain], output_tokens=list(self.out_tokens), memory=memory,
             kernel_pass_wall_us=[t.step.wall_us for t in timed], kernels=kernels,
@@ -823,9 +823,9 @@ class _Run:
                                    plain_host_us=[s.host_us for s in plain] if hosted else None,
                                    timed_host_us=[t.step.host_us for t in timed] if hosted else None,
                                    **launch_fields(self.launched)),
-            provenance={"source": "profile", "tool_version": __version__,
-                        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                        "timing": TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"
-                                                              if self.rec.timing == "cupti" else ""),
-                        "notes": notes + [n for p in self.prepared for n in p.notes],
-                        "inputs": [{"path": str(self.path), "sha256": None}]})
+            provenance=Provenance("profile", __version__,
+                                  dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                  timing=TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"
+                                                                     if self.rec.timing == "cupti" else ""),
+                                  notes=notes + [n for p in self.prepared for n in p.notes],
+                                  inputs=[{"path": str(self.path), "sha256": None}]))

@@ -5,7 +5,7 @@ Layout (version 1)::
 
   format: "boltbeam-trace", version: 1
   environment: engine, engine_version, device, driver, compiler, compiler_version, host,
-               python, command, model_path, model_sha256
+               python, command, model_path, model_sha256, and where known more (Environment)
   workload:    context (KV depth), tokens (measured), warmup, batch
   route:       label (provenance of what executed), switch (how to turn it off), settings {}
   token_wall_us:        every plain token's wall time, as users run the route (nothing recording), µs
@@ -20,7 +20,12 @@ Layout (version 1)::
                start_us (from the token's first kernel, one device timeline) or null,
                duration_us, role (weight role or null), category, tensors, bytes, flops,
                global_size, local_size, opts
-  provenance:  source ("profile" or "import:KIND"), tool_version, created, inputs
+  provenance:  source ("profile" or "import:KIND"), tool_version, created, inputs, notes
+
+environment, workload, route, provenance and memory are read as the dataclasses of RECORDS, each key
+a field: a key no field names is refused, as a kernel's is. Every field may be null, or absent (the
+two read the same); one that only some writers write is written only where set, so a trace saved again
+keeps the keys it had.
 """
 from __future__ import annotations
 
@@ -52,6 +57,81 @@ TIMINGS = {
     "import": "the source profiler's own records",
 }
 IN_GRAPH = ("cupti", "hcq")
+
+
+def _where_set() -> Any:
+    """A field only some writers write: to_dict leaves it out while it is null."""
+    return field(default=None, metadata={"where_set": True})
+
+
+@dataclass
+class Environment:
+    """Where the tokens ran, in the order tinygrad's adapter writes it."""
+    engine: str | None = None
+    engine_version: str | None = None
+    device: str | None = None                  # as the engine names it: CUDA, CPU, ...
+    host: str | None = None
+    python: str | None = None
+    platform: str | None = _where_set()
+    compiler: str | None = None
+    renderer: str | None = _where_set()
+    command: str | None = None
+    model_path: str | None = None
+    model_sha256: str | None = None
+    tool: str | None = _where_set()            # "boltbeam VERSION" where BoltBeam ran the engine
+    device_name: str | None = _where_set()     # the driver's name of the chip (a target's device_name)
+    driver: str | None = None
+    arch: str | None = _where_set()
+    compiler_version: str | None = None
+
+
+@dataclass
+class Workload:
+    context: int | None = None                 # KV depth
+    tokens: int | None = None                  # plain tokens measured
+    warmup: int | None = None
+    batch: int | None = None
+    kernel_pass_depths: list[int] | None = _where_set()   # the KV depth of each timed token
+    prompt: str | None = _where_set()          # the function that made the prompt ids
+
+
+@dataclass
+class RouteRecord:
+    """What executed: `label` says what (its provenance), `switch` how to turn it off. `settings` stays a
+    free dict: the route file's and each family's own settings, which each family writes its own way."""
+    label: str | None = None
+    switch: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reference:
+    """Another engine's greedy tokens on the trace's prompt ids (audit --reference)."""
+    engine: str
+    output_tokens: list[int]
+
+
+@dataclass
+class Provenance:
+    source: str | None = None                  # "profile" or "import:KIND"
+    tool_version: str | None = None
+    created: str | None = None
+    timing: str | None = _where_set()          # how the kernels were timed, in words
+    notes: list[str] | None = _where_set()
+    inputs: list[dict[str, Any]] = field(default_factory=list)   # each file read: {path, sha256}
+    record: dict[str, Any] | None = _where_set()          # llama-bench: the test's own fields
+    kernels_outside_tokens: int | None = _where_set()     # chrome trace: kernels no token's span holds
+    reference: Reference | None = _where_set()
+
+
+@dataclass
+class Memory:
+    peak_bytes: int | None = None
+    capacity_bytes: int | None = None
+
+
+RECORDS = {"environment": Environment, "workload": Workload, "route": RouteRecord, "provenance": Provenance,
+           "memory": Memory}
 
 
 @dataclass
@@ -110,19 +190,23 @@ class Kernel:
 
 @dataclass
 class Trace:
-    environment: dict[str, Any]
-    workload: dict[str, Any]
-    route: dict[str, Any]
+    environment: Environment
+    workload: Workload
+    route: RouteRecord
     token_wall_us: list[float]
-    provenance: dict[str, Any]
+    provenance: Provenance
     output_tokens: list[int] | None = None
-    memory: dict[str, Any] = field(default_factory=lambda: {"peak_bytes": None, "capacity_bytes": None})
+    memory: Memory = field(default_factory=Memory)
     kernel_pass_wall_us: list[float] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)
     kernel_pass: KernelPass | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, **asdict(self)}
+        d = asdict(self)
+        for name in RECORDS:
+            unset = {f.name for f in fields(getattr(self, name)) if f.metadata.get("where_set")}
+            d[name] = {k: v for k, v in d[name].items() if v is not None or k not in unset}
+        return {"format": FORMAT, "version": VERSION, **d}
 
     def kept_pairs(self, trim: float = PAIR_TRIM) -> list[int] | None:
         """The timed tokens an account averages over: each paired with the plain token of its index (run
@@ -244,13 +328,18 @@ def _walls(d: dict, key: str, where: str) -> list[float]:
     return [float(x) for x in v]
 
 
-def _kernel(k: Any, i: int, where: str) -> Kernel:
-    if not isinstance(k, dict):
-        raise BadInput(f"{where}: kernel {i} must be an object")
+def _record(cls: type, v: Any, what: str, where: str) -> Any:
+    """`v` as a `cls`: an object of its fields only."""
+    if not isinstance(v, dict):
+        raise BadInput(f"{where}: {what} must be an object")
     try:
-        kern = Kernel(**k)
+        return cls(**v)
     except TypeError as e:
-        raise BadInput(f"{where}: kernel {i}: {e}") from None
+        raise BadInput(f"{where}: {what}: {e}") from None
+
+
+def _kernel(k: Any, i: int, where: str) -> Kernel:
+    kern = _record(Kernel, k, f"kernel {i}", where)
     for name, (ok, must) in _KERNEL_FIELDS.items():
         if not ok(getattr(kern, name)):
             raise BadInput(f"{where}: kernel {i} ({kern.name!r}): '{name}' must be {must}, not {getattr(kern, name)!r}")
@@ -262,37 +351,35 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
         raise BadInput(f"{where}: not a BoltBeam trace (no \"format\": \"{FORMAT}\")")
     if d.get("version") != VERSION:
         raise BadInput(f"{where}: trace version {d.get('version')!r} is not supported (want {VERSION})")
-    for key in ("environment", "workload", "route", "provenance"):
-        if not isinstance(d.get(key), dict):
-            raise BadInput(f"{where}: '{key}' must be an object")
+    doc = {**d, "memory": d.get("memory") or {}}   # older traces: none
+    env, workload, route, provenance, memory = (_record(cls, doc.get(key), f"'{key}'", where)
+                                                for key, cls in RECORDS.items())
     for key in ("context", "batch", "tokens"):
-        v = d["workload"].get(key)
+        v = getattr(workload, key)
         if v is not None and not (_is_int(v) and v >= 0):
             raise BadInput(f"{where}: workload '{key}' must be a whole number >= 0 or null, not {v!r}")
     for key in ("model_sha256", "model_path", "engine", "device"):
-        v = d["environment"].get(key)
+        v = getattr(env, key)
         if v is not None and not isinstance(v, str):
             raise BadInput(f"{where}: environment '{key}' must be a string or null, not {v!r}")
-    label = d["route"].get("label")
-    if label is not None and not isinstance(label, str):
-        raise BadInput(f"{where}: route 'label' must be a string or null, not {label!r}")
+    if route.label is not None and not isinstance(route.label, str):
+        raise BadInput(f"{where}: route 'label' must be a string or null, not {route.label!r}")
+    if provenance.reference is not None:
+        provenance.reference = _record(Reference, provenance.reference, "provenance 'reference'", where)
     out_tokens = d.get("output_tokens")
     if out_tokens is not None and (not isinstance(out_tokens, list) or not all(_is_int(t) for t in out_tokens)):
         raise BadInput(f"{where}: 'output_tokens' must be a list of integers or null")
-    memory = d.get("memory") or {"peak_bytes": None, "capacity_bytes": None}
-    if not isinstance(memory, dict):
-        raise BadInput(f"{where}: 'memory' must be an object")
     for key, least in (("peak_bytes", 0), ("capacity_bytes", 1)):   # a device with no memory is no device
-        v = memory.get(key)
+        v = getattr(memory, key)
         if v is not None and not (_is_int(v) and v >= least):
             raise BadInput(f"{where}: memory '{key}' must be a byte count{' > 0' if least else ''} or null, not {v!r}")
     kernels = d.get("kernels") or []
     if not isinstance(kernels, list):
         raise BadInput(f"{where}: 'kernels' must be a list")
     kernel_pass = _kernel_pass(d.get("kernel_pass"), where)
-    return Trace(environment=d["environment"], workload=d["workload"], route=d["route"],
+    return Trace(environment=env, workload=workload, route=route,
                  token_wall_us=_walls(d, "token_wall_us", where),
-                 provenance=d["provenance"], output_tokens=out_tokens, memory=memory,
+                 provenance=provenance, output_tokens=out_tokens, memory=memory,
                  kernel_pass_wall_us=_walls(d, "kernel_pass_wall_us", where),
                  kernels=[_kernel(k, i, where) for i, k in enumerate(kernels)], kernel_pass=kernel_pass)
 

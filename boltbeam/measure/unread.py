@@ -66,7 +66,7 @@ def unread_tensors(trace: Trace, census: Census) -> Unread | None:
     """The census's tensors some measured token of `trace` did not read, less those a fact excuses; None where
     the trace cannot say (an engine whose kernels name no tensors, or no kernel recorded)."""
     tokens = trace.by_token()
-    if trace.environment.get("engine") not in MAPS_TENSORS or trace.provenance.get("source") != "profile" or not tokens:
+    if trace.environment.engine not in MAPS_TENSORS or trace.provenance.source != "profile" or not tokens:
         return None
     read_by_all = set.intersection(*({n for k in ks for n in k.tensors} for ks in tokens.values()))
     entries = {t.name: t for t in census.tensors if not t.tied}    # a tied output is the embedding's name

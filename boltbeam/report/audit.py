@@ -5,7 +5,7 @@ the ledger); nothing here measures or estimates anything.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any, Callable
 
@@ -70,7 +70,7 @@ class OutputCheck:
 
 def output_check(trace: Trace, others: list[tuple[str, Trace]]) -> OutputCheck | None:
     """The first compared trace that can serve as a reference for `trace`'s output, held to; None without one."""
-    others = [(path, other) for path, other in others if other.environment.get("engine") != trace.environment.get("engine")]
+    others = [(path, other) for path, other in others if other.environment.engine != trace.environment.engine]
     if not others:
         return None
     from boltbeam.judge.judge import Checks, reference_gate, with_reference   # (scipy: only with another engine's trace)
@@ -119,7 +119,7 @@ class Audit:
         acc = self.account
         return {"boltbeam": __version__, "model": self.model, "trace": self.trace_path,
                 "target": self.target.name, "context": self.bound.context,
-                "device": self.trace.environment.get("device"), "route": self.trace.route,
+                "device": self.trace.environment.device, "route": asdict(self.trace.route),
                 "wall_us": self.wall_us, "floor_us": self.bound.token_floor_us,
                 "ceiling_tok_s": self.bound.ceiling_tok_s,
                 "account": acc.to_dict() if acc else None, "no_account": self.no_account,

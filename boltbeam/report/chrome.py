@@ -49,8 +49,8 @@ def _metadata(name: str, tid: int, value: str) -> dict[str, Any]:
 
 
 def chrome_events(trace: Trace) -> list[dict[str, Any]]:
-    env, route = trace.environment, trace.route
-    title = " | ".join(str(v) for v in (env.get("engine"), route.get("label"), env.get("device")) if v)
+    env = trace.environment
+    title = " | ".join(str(v) for v in (env.engine, trace.route.label, env.device) if v)
     events = [_metadata("process_name", 0, f"BoltBeam: {title or 'trace'}"),
               _metadata("thread_name", KERNEL_TID, "kernels"),
               _metadata("thread_name", TOKEN_TID, "tokens")]
@@ -70,8 +70,8 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
 
 
 def chrome_trace(trace: Trace) -> dict[str, Any]:
-    other = {"source": trace.provenance.get("source"), "engine": trace.environment.get("engine"),
-             "device": trace.environment.get("device"), "route": trace.route.get("label")}
+    other = {"source": trace.provenance.source, "engine": trace.environment.engine,
+             "device": trace.environment.device, "route": trace.route.label}
     return {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns",
             "otherData": {k: str(v) for k, v in other.items() if v is not None}}
 

@@ -6,7 +6,7 @@ rendered by Jinja2 with autoescaping on: every name, path and reason is text, ne
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,7 @@ def render(audit: Audit) -> str:
     acc, ret = audit.account, audit.returns
     price = ret.price if ret else None
     timing = acc.timing if acc else None
-    env_text = ", ".join(f"{k} {v}" for k, v in audit.trace.environment.items()
+    env_text = ", ".join(f"{k} {v}" for k, v in asdict(audit.trace.environment).items()
                          if k not in ("model_path", "model_sha256") and v is not None)
     return _environment().get_template("audit.html.j2").render(
         title=f"{Path(audit.model).name} on {audit.target.name}", model=audit.model, target=audit.target,
@@ -191,7 +191,7 @@ def render(audit: Audit) -> str:
         account=acc, no_account=audit.no_account, returns=ret,
         timing_text=(f"{timing}: {TIMINGS[timing]}, {acc.tokens_used} token(s)" if timing else "timing not recorded"),
         charts=_charts(audit), unread=audit.unread, output=audit.output, ledger_path=audit.ledger_path, ledger=audit.ledger, version=__version__,
-        trace_path=audit.trace_path, source=audit.trace.provenance.get("source", "unknown source"),
+        trace_path=audit.trace_path, source=audit.trace.provenance.source or "unknown source",
         environment=env_text, notes=audit.bound.notes)
 
 

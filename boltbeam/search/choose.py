@@ -96,7 +96,7 @@ def measured_fraction(path: str, target: Target) -> tuple[str, float]:
     from boltbeam.account.compare import region_times
     from boltbeam.read.roles import REGIONS
     trace = tracefile.load(path)
-    layout = trace.route.get("settings", {}).get("families", {}).get(LAYOUT_LABEL)
+    layout = trace.route.settings.get("families", {}).get(LAYOUT_LABEL)
     if not layout or layout.get("form") not in WRITTEN_BY or not layout.get("bytes"):
         raise BadInput(f"trace {path}: ran no layout whose form and bytes it records")
     times = region_times(trace)
@@ -128,11 +128,11 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     route, env, work = base.route, base.environment, base.workload
     label = label_of(on, beam)
     problems = [what for what, bad in (
-        ("another model", env.get("model_sha256") not in (None, sha)),
-        (f"device {env.get('device')}", env.get("device") != device),
-        (f"context {work.get('context')}", work.get("context") != context),
-        (f"BEAM width {route.get('settings', {}).get('beam', 0)}", route.get("settings", {}).get("beam", 0) != beam),
-        (f"route {route.get('label')!r}", route.get("label") != label),
+        ("another model", env.model_sha256 not in (None, sha)),
+        (f"device {env.device}", env.device != device),
+        (f"context {work.context}", work.context != context),
+        (f"BEAM width {route.settings.get('beam', 0)}", route.settings.get("beam", 0) != beam),
+        (f"route {route.label!r}", route.label != label),
     ) if bad]
     if problems:
         raise BadInput(f"baseline {path}: ran {', '.join(problems)}; the search needs route {label!r} of this model "

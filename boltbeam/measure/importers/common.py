@@ -15,7 +15,7 @@ from typing import Any
 from boltbeam import __version__
 from boltbeam.errors import BadInput
 from boltbeam.files import sha256_file
-from boltbeam.measure.trace import Kernel, Trace, from_dict
+from boltbeam.measure.trace import Environment, Kernel, Provenance, RouteRecord, Trace, Workload, from_dict
 
 # Matches user annotations such as "token 3", "decode_token_3" or "decode_step".
 DEFAULT_TOKEN_MARKER = r"token|decode_step"
@@ -32,17 +32,9 @@ class Span:
         return self.start_us + self.duration_us
 
 
-def environment(**known: Any) -> dict[str, Any]:
-    """Every environment key of the trace format, null unless the source says."""
-    keys = ("engine", "engine_version", "device", "driver", "compiler", "compiler_version", "host",
-            "python", "command", "model_path", "model_sha256")
-    return {k: known.get(k) for k in keys}
-
-
-def provenance(kind: str, path: str | os.PathLike, notes: list[str], **extra: Any) -> dict[str, Any]:
-    return {"source": f"import:{kind}", "tool_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "inputs": [{"path": str(path), "sha256": sha256_file(path)}], "notes": notes, **extra}
+def provenance(kind: str, path: str | os.PathLike, notes: list[str], **extra: Any) -> Provenance:
+    return Provenance(f"import:{kind}", __version__, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      inputs=[{"path": str(path), "sha256": sha256_file(path)}], notes=notes, **extra)
 
 
 def validated(trace: Trace, where: str) -> Trace:
@@ -104,9 +96,9 @@ def kernel_trace(groups: list[list[Kernel]], walls_us: list[float], *, kind: str
                                         duration_us=_ns(k.duration_us)) for i, k in enumerate(ordered)]
     walls_us = [_ns(w) for w in walls_us]
     trace = Trace(
-        environment=environment(engine=engine, device=device),
-        workload={"context": context, "tokens": len(groups), "batch": batch, "warmup": None},
-        route={"label": engine or f"import:{kind}", "switch": None, "settings": {}},
+        environment=Environment(engine=engine, device=device),
+        workload=Workload(context, len(groups), batch=batch),
+        route=RouteRecord(engine or f"import:{kind}"),
         token_wall_us=walls_us, kernel_pass_wall_us=list(walls_us), kernels=kernels,
         provenance=provenance(kind, path, notes, **provenance_extra))
     return validated(trace, f"{kind} {path}")

@@ -7,8 +7,8 @@ from typing import Any
 
 from boltbeam.errors import BadInput
 from boltbeam.files import load_json
-from boltbeam.measure.importers.common import environment, provenance, validated
-from boltbeam.measure.trace import Trace
+from boltbeam.measure.importers.common import provenance, validated
+from boltbeam.measure.trace import Environment, RouteRecord, Trace, Workload
 
 # Fields that say what was measured and when; every other field of a test is a setting of the run.
 RECORD_FIELDS = ("build_commit", "build_number", "cpu_info", "gpu_info", "model_filename", "model_type",
@@ -96,12 +96,11 @@ def import_llama_bench(path: str | os.PathLike, depth: int | None = None) -> Tra
     if "build_number" in test:
         version = f"{version} (build {test['build_number']})"
     trace = Trace(
-        environment=environment(engine="llama.cpp", engine_version=version,
+        environment=Environment(engine="llama.cpp", engine_version=version,
                                 device=test.get("gpu_info") or test.get("cpu_info"),
                                 model_path=test.get("model_filename")),
-        workload={"context": depth_of(test), "tokens": test["n_gen"], "batch": 1, "warmup": None},
-        route={"label": "llama.cpp", "switch": None,
-               "settings": {k: v for k, v in test.items() if k not in RECORD_FIELDS}},
+        workload=Workload(depth_of(test), test["n_gen"], batch=1),
+        route=RouteRecord("llama.cpp", None, {k: v for k, v in test.items() if k not in RECORD_FIELDS}),
         token_wall_us=walls,
         provenance=provenance("llama-bench", path, notes,
                               record={k: v for k, v in test.items() if k in RECORD_FIELDS}))
