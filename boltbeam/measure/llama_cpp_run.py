@@ -26,8 +26,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from boltbeam import switches
-from boltbeam import __version__
+from boltbeam import __version__, switches
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import sha256_file
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchTimed, alternate, launch_fields, launch_timed,

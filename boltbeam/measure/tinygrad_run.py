@@ -38,8 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from boltbeam import switches
-from boltbeam import __version__
+from boltbeam import __version__, switches
 from boltbeam.errors import BadInput, Refused
 from boltbeam.files import replaceable, sha256_file, write_atomic
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, LaunchTimed, Segment, alternate, dims3,
