@@ -9,26 +9,10 @@
 #   call 1: bash .carry/device/s13.sh unpack && cd /tmp/repo && source .carry/device/setup.sh && bash .carry/device/s13.sh first
 #           (carry .whl .llama.tar.xz .carry/device .carry/src.tar .carry/models.0)
 #   call 2: bash .carry/device/s13.sh start        (carry .carry/device .carry/models.1)
-#   then:   bash .carry/device/s13.sh wait S
+#   then:   cd /tmp/repo && bash .carry/device/s13.sh wait S
 set -u
-RUN=/tmp/run O=/tmp/run/out M=/tmp/models
-SMOL=$M/SmolLM2-135M-Instruct.Q4_1.gguf
-SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-EIGHT_B=/tmp/m.gguf
-stage() {
-  local name=$1 limit=$2 start; shift 2; start=$(date +%s)
-  timeout "$limit" "$@" > "$O/$name.txt" 2>&1
-  echo "$name: rc=$? $(( $(date +%s) - start )) s, at $(date +%T): $*" | tee -a "$O/stages.txt"
-}
-profile() {
-  local name=$1 model=$2; shift 2
-  stage "$name" 600 python3 -m boltbeam profile "$model" --device CUDA --tokens 16 --no-hash "$@" \
-    --out "$RUN/$name.trace.json" --json
-  [ -e "$RUN/$name.trace.json" ] || return
-  gzip -c "$RUN/$name.trace.json" > "$O/$name.json.gz"
-  stage "$name.account" 120 python3 -m boltbeam account "$RUN/$name.trace.json" --model "$model" --no-hash-check \
-    --target h200 --json
-}
+# stage, profile and the model paths (SMOL, SMOL_SHA, EIGHT_B; RUN, O, M) as models.sh defines them
+source .carry/device/models.sh none
 case $1 in
   unpack)
     rm -rf /tmp/repo && mkdir -p /tmp/repo/.carry $O $M/chunks && tar xf .carry/src.tar -C /tmp/repo &&
