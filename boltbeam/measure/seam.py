@@ -12,6 +12,10 @@ from boltbeam.errors import Refused
 # (module, dotted name within it, what BoltBeam does with it)
 POINTS = (
     ("tinygrad.engine.realize", "to_program", "replaced while a route installs its kernels' opts (measure/route.py)"),
+    ("tinygrad.codegen", "do_to_program", "replaced while a run keeps its programs on disk (measure/programs.py)"),
+    ("tinygrad.helpers", "ContextVar._cache", "read: every knob's value, in a kept program's key (measure/programs.py)"),
+    ("tinygrad.codegen.opt.postrange", "Scheduler.kernel_cnt", "read and moved past a kept program's name (measure/programs.py)"),
+    ("tinygrad.helpers", "diskcache_get", "called: tinygrad's disk cache keeps the programs (measure/programs.py)"),
     ("tinygrad.uop.ops", "KernelInfo.beam", "read to tell a kernel BEAM searches, recorded for the route (measure/route.py)"),
     ("tinygrad.uop.ops", "KernelInfo.applied_opts", "read: the opts a kernel was compiled with (measure/route.py)"),
     ("tinygrad.engine.realize", "track_stats", "replaced while the recorder times a token (measure/tinygrad_run.py)"),

@@ -44,7 +44,7 @@ from boltbeam.files import replaceable, sha256_file, write_atomic
 from boltbeam.measure.graph_timing import (Cupti, KernelRecord, LaunchFacts, LaunchTimed, Segment, alternate, dims3,
                                            hcq_times, launch_fields, launch_timed, match_records,
                                            split_by_token)
-from boltbeam.measure import seam
+from boltbeam.measure import programs, seam
 from boltbeam.measure.prepared import Prepared
 from boltbeam.measure.route import Route, routed_label
 from boltbeam.measure.route import install as route_install
@@ -517,7 +517,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = WA
     rec = Recorder(device, timing)
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
-    with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied:
+    with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied, programs.kept():
         run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare)
         run.route = (route[0], route[1], applied) if route else None
         run.applied = applied

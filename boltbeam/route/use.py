@@ -94,7 +94,7 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), positions
     """The model loaded with the route's families and its kernels' opts (while inside the `with`, where
     tinygrad compiles them), its KV cache holding at least `positions`. tinygrad's device is the one DEV named
     when it was first imported. `tokenizer`: tokenizer_of's answer where the caller has it already."""
-    from boltbeam.measure import seam
+    from boltbeam.measure import programs, seam
     from boltbeam.measure.tinygrad_run import kv_positions
     from boltbeam.read.census import take_census
     census = take_census(model)
@@ -106,7 +106,8 @@ def load(model: str, route: str | None = None, flags: Flags = Flags(), positions
     from tinygrad import Context
     # The route was judged with its BEAM width: the kernels it leaves to tinygrad are searched with it, unless it
     # carries them as BEAM compiled them (Route.load_beam).
-    with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.load_beam() if r else 0):
+    with routes.install(r.opts_by_kernel() if r else {}) as applied, Context(BEAM=r.load_beam() if r else 0), \
+            programs.kept():
         tokenizer, notes = tokenizer or tokenizer_of(tokenizer_kv(model))
         # the cache sized as profile and the search size it: a route's kernel keys hold its shape
         net = architectures.load(pathlib.Path(model), kv_positions(census, positions), census)

@@ -79,9 +79,12 @@ def outputs_at(ast, renderer, var_vals: dict[str, int]) -> int:
 @contextlib.contextmanager
 def _hooks(sources: dict, shapes: dict):
     """Record, for each program tinygrad builds, the program, its AST and renderer, and the shape
-    apply_opts sees."""
+    apply_opts sees: so every program is generated here, none taken from disk (measure/programs.py)."""
     import tinygrad.codegen as codegen
     from tinygrad.engine import realize
+
+    from boltbeam.measure import programs
+    assert not programs.active(), "capture inside programs.kept(): a program from disk calls no apply_opts"
     orig_prog, orig_apply = realize.to_program, codegen.apply_opts
     current: list[str] = []
 
