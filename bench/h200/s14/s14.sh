@@ -45,7 +45,7 @@ case $1 in
     prof 8b.4096.llama $EIGHT_B --context 4096 --engine llama.cpp
     while [ ! -e "$SMOL" ]; do sleep 2; done
     stage tune_smol 420 python3 -m boltbeam tune "$SMOL" --device CUDA --target $TARGET --out "$RUN/tune_smol" \
-      --ledger "$RUN/ledger.sqlite" --context 512 --tokens 16 --minutes 5 --json
+      --ledger "$RUN/ledger.sqlite" --context 512 --tokens 16 --budget 1 --minutes 5 --json
     for f in route.json tune.json; do cp "$RUN/tune_smol/$f" "$O/tune_smol_$f"; done
     prof smol.llama "$SMOL" --context 512 --engine llama.cpp
     touch $O/run.done ;;
