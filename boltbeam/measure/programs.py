@@ -20,22 +20,23 @@ TABLE, NAMES = "boltbeam_program", "boltbeam_program_name"
 
 
 @functools.cache
-def _getenv_names() -> tuple[str, ...]:
-    """Every name tinygrad's source reads with getenv("NAME", ...)."""
+def _release_and_getenv_names() -> tuple[str, ...]:
+    """tinygrad's version, then every name its source reads with getenv("NAME", ...): read once a process."""
+    from importlib.metadata import version
+
     import tinygrad
     found = set()
     for source in pathlib.Path(tinygrad.__file__).parent.rglob("*.py"):
         found.update(re.findall(r"""getenv\(\s*["']([A-Za-z0-9_]+)["']""", source.read_text(errors="replace")))
-    return tuple(sorted(found))
+    return (version("tinygrad"), *sorted(found))
 
 
 def key(ast, renderer) -> str:
-    from importlib.metadata import version
-
     from tinygrad.helpers import ContextVar, getenv
+    release, *names = _release_and_getenv_names()
     knobs = sorted((name, var.value) for name, var in ContextVar._cache.items())
-    env = [(name, getenv(name, "")) for name in _getenv_names()]          # as tinygrad reads them
-    return hashlib.sha256(repr((version("tinygrad"), ast.key, type(renderer).__module__, type(renderer).__qualname__,
+    env = [(name, getenv(name, "")) for name in names]          # as tinygrad reads them
+    return hashlib.sha256(repr((release, ast.key, type(renderer).__module__, type(renderer).__qualname__,
                                 renderer.target, knobs, env)).encode()).hexdigest()
 
 
