@@ -17,9 +17,12 @@ from tests.processes import once
 DEPTH = ("--context", "4", "--tokens", "5")      # the tiny model's shared traces' depth
 
 # tinygrad's own BEAM search, narrowed to one action so the tiny model's 27 decode kernels search in seconds,
-# not minutes: the search, its timing and its choice are tinygrad's; every beam_search call is counted.
+# not minutes, and to upcasts of at most 8 (BEAM_UPCAST_MAX; its default 256 lets a kernel take up to six UPCASTs,
+# each round's compile longer than the last: 16 s of the search's 26 on 2 cores, now 7 s; BEAM still chooses zero to
+# three opts a kernel): the search, its timing and its choice are tinygrad's; every beam_search call is counted.
 COUNTED = """
-import sys
+import os, sys
+os.environ["BEAM_UPCAST_MAX"] = "8"
 from tinygrad.codegen.opt import Opt, OptOps, search
 search.actions[:] = [Opt(OptOps.UPCAST, 0, 2)]
 calls, orig = [], search.beam_search
