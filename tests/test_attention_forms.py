@@ -1,7 +1,7 @@
 """Every form split attention takes, against tinygrad's own attention: each setting of spaces.toml's
 split_attention switches that Split admits (the tensor code plain, staged, carried; the generated kernels
-narrow, wide, wide unrolled, lanes, lanes unrolled; each generated form with the rotary kernel before it, plain
-or pooled), run through the selector the model's hook calls, on one tinygrad.llm TransformerBlock of tiny random
+narrow, wide, wide unrolled, lanes, lanes unrolled, burst, burst unrolled; each generated form with the rotary
+kernel before it, plain or pooled), run through the selector the model's hook calls, on one tinygrad.llm TransformerBlock of tiny random
 weights whose output projection is the identity (its attention's output is the attention's own), at a depth of
 whole chunks and one that ends inside a chunk, against the same block's decode step through tinygrad's own
 norms, rotary step, cache store and scaled_dot_product_attention. On tinygrad's PYTHON device, which runs thread
@@ -37,8 +37,9 @@ def generated(split: attention.Split) -> set[str]:
     if not split.kernel:
         return set()
     group = HEADS // KV_HEADS
-    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else "_wide" if split.wide else "") + (
-        "_unrolled" if split.unrolled else "")
+    burst = -(-CHUNK * HEAD_DIM // attention.WIDE_KEYS // (group * HEAD_DIM))     # runs of keys a thread loads
+    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else f"_burst{burst}" if split.burst else
+            "_wide" if split.wide else "") + ("_unrolled" if split.unrolled else "")
     names = {f"attention_partials_{group}x{CHUNK}{form}"}
     if split.rotary:
         names.add(f"rotary_{HEADS}x{HEAD_DIM}" + ("_pooled" if split.pooled else ""))
@@ -73,8 +74,8 @@ def block():
 
 
 def test_every_admitted_setting_is_here():
-    """The tensor code's four settings, five generated forms, each alone and with rotary, plain or pooled."""
-    assert len(SETTINGS) == 4 + 5 * 3 and len({s.flag for s in SETTINGS}) == len(SETTINGS)
+    """The tensor code's four settings, seven generated forms, each alone and with rotary, plain or pooled."""
+    assert len(SETTINGS) == 4 + 7 * 3 and len({s.flag for s in SETTINGS}) == len(SETTINGS)
     assert all(s.unfit(HEAD_DIM) is None for s in SETTINGS)
 
 

@@ -281,8 +281,9 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     chunks = (16, 32, 64, 128, 256)
     legal, rejected = choose.space(split_attention.FAMILY, h200)
     assert {s.flag for s in legal} == {f"{c}{st}{ca}" for c in chunks for st in ("", ":staged") for ca in ("", ":carried")} \
-        | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes") for r in ("", ":rotary", ":rotary:pooled")} \
-        | {f"{c}:kernel{w}{r}" for c in chunks[:-1] for w in (":wide:unrolled", ":unrolled:lanes")
+        | {f"{c}:kernel{w}{r}" for c in chunks for w in ("", ":wide", ":lanes", ":burst")
+           for r in ("", ":rotary", ":rotary:pooled")} \
+        | {f"{c}:kernel{w}{r}" for c in chunks[:-1] for w in (":wide:unrolled", ":unrolled:lanes", ":unrolled:burst")
            for r in ("", ":rotary", ":rotary:pooled")}
     # unrolled, a thread holds a chunk's loads of values at once: 256 positions are more than its 255 registers
     assert any("registers_per_thread" in why for why in rejected)
@@ -290,8 +291,8 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     host = get_target("host-like", [str(Path(__file__).parent / "data" / "cpu_target.toml")])
     settings, rejected = choose.space(split_attention.FAMILY, host)
     assert not any(s.kernel for s in settings) and len(settings) == 20
-    # (the kernel half of the 5 x 2^8 value sets; and the registers rule)
-    assert rejected["the target declares no max_threads_per_group"] == 640 and len(rejected) == 2
+    # (the kernel half of the 5 x 2^9 value sets; and the registers rule)
+    assert rejected["the target declares no max_threads_per_group"] == 1280 and len(rejected) == 2
     unstaged = split_attention.foresee(census, attention.Split(32), 40, h200, cal)      # 41 positions: 2 chunks of 32
     assert unstaged.bytes == f.blocks * 64 * row
     staged = split_attention.foresee(census, attention.Split(32, True), 40, h200, cal)
@@ -319,7 +320,7 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     # Unrolled, a thread's whole key row in flight at once.
     unrolled = split_attention.foresee(census, attention.Split(32, kernel=True, wide=True, unrolled=True), 40, h200, cal)
     assert (unrolled.bytes, unrolled.kernels) == (wide.bytes, wide.kernels) and unrolled.memory_us < wide.memory_us
-    with pytest.raises(BadInput, match="unrolled its wide form"):
+    with pytest.raises(BadInput, match="unrolled its wide, lanes or burst form"):
         attention.Split(32, kernel=True, unrolled=True)
     assert attention.Split.parse("32:kernel:wide:unrolled") == attention.Split(32, kernel=True, wide=True, unrolled=True)
     # Lanes: a thread for each query head and dimension (head size / chunk threads a key row), the combine four
@@ -332,7 +333,7 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     assert (sight.bytes, sight.kernels) == (wide16.bytes, wide16.kernels) and sight.memory_us < wide16.memory_us
     assert attention.Split.parse("16:kernel:lanes") == lanes
     for flag in ("16:kernel:wide:lanes", "16:lanes"):
-        with pytest.raises(BadInput, match="one or the other"):
+        with pytest.raises(BadInput, match="one of them"):
             attention.Split.parse(flag)
     # A chunk longer than the head (or not a run of whole loads) is the model's to rule out, not the chip's.
     assert split_attention.FAMILY.unfit(census, lanes) is None and split_attention.FAMILY.unfit(census, attention.Split(16)) is None
@@ -422,6 +423,10 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
     (1, 4, 32, 20, 8, "lanes"),          # four threads a key row; the last chunk past the cache's end
     (2, 2, 16, 40, 16, "lanes"),         # one thread a key row; the combine's four lanes, some with no chunk
     (1, 2, 8, 264, 8, "lanes"),          # the combine: more chunks than threads (33 of 32), several a lane
+    (2, 2, 32, 40, 8, "burst"),          # burst: a run of keys and one of values a thread; four threads a score
+    (1, 4, 32, 20, 8, "burst"),          # more threads than runs (the rest load nothing); the last chunk past the end
+    (2, 1, 16, 40, 16, "burst"),         # more runs than threads: two of each a thread
+    (1, 3, 16, 40, 16, "unrolled:burst"),  # three query heads a key head; a chunk's loops written out
 ])
 def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, form):
     """The two generated kernels (partials through local memory, then the combine), under the JIT with the
@@ -437,7 +442,7 @@ def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, 
     def step(q, x, p):
         written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
         return decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, "wide" in form, "unrolled" in form,
-                              "lanes" in form).realize()
+                              "lanes" in form, "burst" in form).realize()
 
     for p in (0, 1, chunk - 1, chunk, positions - 1):
         q = Tensor.randn(1, kv_heads * group, 1, head_dim, device=dev).realize()
@@ -559,7 +564,7 @@ def test_split_attention_searched_on_a_route(tiny_model, kernel_form, tmp_path, 
     routed = tracefile.load(str(tmp_path / "again" / "baseline.json"))
     assert routed.route.settings["families"]["split-attention"] == {"chunk": 16, "staged": True, "carried": False,
                                                                        "kernel": False, "wide": False, "unrolled": False, "lanes": False,
-                                                                       "rotary": False, "pooled": False, "applied": 2, "eligible": 2,
+                                                                       "burst": False, "rotary": False, "pooled": False, "applied": 2, "eligible": 2,
                                                                        "bytes": 0, "build_seconds": 0.0}
 
 
@@ -579,19 +584,19 @@ def test_profile_with_split_attention(tiny_model, profiled, tiny_default, tmp_pa
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:fused"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:carried:staged"], "CHUNK[:staged][:carried]")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:staged:kernel"], "the generated kernel takes neither")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide and lanes shape the generated kernel alone")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide"], "wide, lanes and burst shape the generated kernel alone")
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:wide:kernel"],
-            "CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]")
-    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide form")
+            "CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes|[:unrolled]:burst][:rotary[:pooled]]")
+    refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel:unrolled"], "unrolled its wide, lanes or burst form")
     # The generated kernel needs thread groups with local memory: this CPU has none (one line, after loading).
     refuses(tiny_model, tmp_path, capsys, ["--split-attention", "16:kernel"], "device CPU has none")
-    keys = "keys chunk, staged (and carried, kernel, wide, unrolled, lanes, rotary, pooled, which may be left out)"
+    keys = "keys chunk, staged (and carried, kernel, wide, unrolled, lanes, burst, rotary, pooled, which may be left out)"
     refuses_routes(tiny_model, tmp_path, capsys, {"family": "split_attention"}, "split_attention", (
         ({"chunk": 48, "staged": False}, "one of 16"), ({"chunk": 32}, keys),
         ({"chunk": 32, "staged": True, "carried": False, "fused": True}, keys),
-        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled, lanes, rotary, pooled)"),
-        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false"),
-        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, rotary, pooled true or false")))
+        ("32", "a table (chunk, staged, carried, kernel, wide, unrolled, lanes, burst, rotary, pooled)"),
+        ({"chunk": 32, "staged": "yes"}, "staged, carried, kernel, wide, unrolled, lanes, burst, rotary, pooled true or false"),
+        ({"chunk": 32, "staged": True, "carried": 1}, "staged, carried, kernel, wide, unrolled, lanes, burst, rotary, pooled true or false")))
 
 
 def test_search_judges_constants_once_whole(tiny_model, constants_search, tmp_path):

@@ -209,7 +209,7 @@ def test_the_rotary_setting_and_the_blocks_it_takes(tiny_model, monkeypatch):
         attention.Split.parse("32:rotary")
     with pytest.raises(BadInput, match="pooled shapes rotary"):
         attention.Split.parse("32:kernel:pooled")
-    with pytest.raises(BadInput, match=r"CHUNK:kernel\[:wide\[:unrolled\]\|\[:unrolled\]:lanes\]\[:rotary\[:pooled\]\]"):
+    with pytest.raises(BadInput, match=r"CHUNK:kernel\[:wide\[:unrolled\]\|\[:unrolled\]:lanes\|\[:unrolled\]:burst\]\[:rotary\[:pooled\]\]"):
         attention.Split.parse("32:kernel:rotary:lanes")
     assert FAMILY.read({"chunk": 32, "staged": False, "kernel": True, "lanes": True}, "route r").rotary is False
     # Among equal predictions (the lanes and unrolled forms of 16 and 32 are, at the floor) the search judges first

@@ -64,7 +64,8 @@ SPACE = "split_attention"           # its knob's values: data/spaces.toml
 class Split:
     """One setting of the family: positions a chunk, whether the chunks' partials are staged, whether the
     sums of exponentials ride as a column of the weighted values, whether the generated kernels run, and in
-    which form: narrow, wide or lanes (a thread a query head's dimension), unrolled or not; and whether the
+    which form: narrow, wide, lanes (a thread a query head's dimension) or burst (a chunk's keys and values loaded
+    first, sixteen bytes a load, all at once), unrolled or not; and whether the
     query and key norms, the rotary step and the cache store run as one generated kernel before them (pooled:
     a group a head, its sums of squares through local memory)."""
     chunk: int
@@ -74,6 +75,7 @@ class Split:
     wide: bool = False
     unrolled: bool = False
     lanes: bool = False
+    burst: bool = False
     rotary: bool = False
     pooled: bool = False
 
@@ -87,8 +89,8 @@ class Split:
                            f"{', '.join(KNOBS)} true or false (spaces.toml, family {SPACE})")
         if not self.admits({k: getattr(self, k) for k in KNOBS}):
             raise BadInput(f"split attention {self.flag}: staged and carried shape the tensor code, and the generated "
-                           f"kernel takes neither; wide and lanes shape the generated kernel alone, one or the other, "
-                           f"unrolled its wide form or its lanes form; rotary runs before the generated kernel alone, "
+                           f"kernel takes neither; wide, lanes and burst shape the generated kernel alone, one of them, "
+                           f"unrolled its wide, lanes or burst form; rotary runs before the generated kernel alone, "
                            f"pooled shapes rotary")
 
     @property
@@ -100,38 +102,42 @@ class Split:
 
     @classmethod
     def parse(cls, flag: str) -> "Split":
-        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]] (profile
-        --split-attention)."""
+        """CHUNK[:staged][:carried], or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes|[:unrolled]:burst][:rotary[:pooled]]
+        (profile --split-attention)."""
         chunk, *on = flag.split(":")
         if not DIGITS.fullmatch(chunk) or on != [k for k in KNOBS if k in on]:
             raise BadInput(f"--split-attention {flag}: expected {FLAG_FORMS}, e.g. 32, 32:staged:carried, "
-                           f"32:kernel:wide:unrolled or 32:kernel:lanes:rotary")
+                           f"32:kernel:wide:unrolled, 32:kernel:lanes:rotary or 32:kernel:burst")
         return cls(int(chunk), **{k: k in on for k in KNOBS})
 
     @staticmethod
     def admits(values: dict[str, int]) -> bool:
         """Whether spaces.toml's values make a setting: the generated kernel takes no tensor-code knob, the
         tensor code not the kernel's."""
-        if values.get("unrolled") and not (values.get("wide") or values.get("lanes")) \
-                or values.get("wide") and values.get("lanes") or values.get("rotary") and not values.get("kernel") \
+        forms = sum(bool(values.get(k)) for k in FORM_KNOBS)
+        if values.get("unrolled") and not forms or forms > 1 or values.get("rotary") and not values.get("kernel") \
                 or values.get("pooled") and not values.get("rotary"):
             return False
         if values.get("kernel"):
             return not (values.get("staged") or values.get("carried"))
-        return not (values.get("wide") or values.get("lanes"))
+        return not forms
 
     def threads(self, group: int, head_dim: int) -> int:
         """Threads a group of the generated partials, at `group` query heads a key head: a position of the chunk
-        for each query head, or (lanes) a dimension of the head for each."""
-        return group * (head_dim if self.lanes else self.chunk)
+        for each query head, or (lanes, burst) a dimension of the head for each."""
+        return group * (head_dim if self.lanes or self.burst else self.chunk)
 
     def unfit(self, head_dim: int) -> str | None:
         """Why a head of `head_dim` dimensions cannot take this setting (None: it can)."""
-        return unfit(self.chunk, head_dim, self.wide, self.lanes)
+        return unfit(self.chunk, head_dim, self.wide, self.lanes, self.burst)
 
 
-def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
+def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool, burst: bool = False) -> str | None:
     """Why the generated kernel's form cannot take chunks of `chunk` at a head of `head_dim` (None: it can)."""
+    if burst and (head_dim % WIDE_KEYS or chunk > head_dim):
+        return (f"burst loads a key or value row {WIDE_KEYS} halves a load and scores a position of a query head a "
+                f"thread (a thread a query head's dimension): the head size must be a multiple of {WIDE_KEYS}, and "
+                f"the chunk no larger than it")
     if lanes and (head_dim % chunk or chunk % WIDE_KEYS):
         return (f"lanes splits a key row among head size / chunk threads, {WIDE_KEYS} keys a load: the head size "
                 f"must be a multiple of the chunk, the chunk of {WIDE_KEYS}")
@@ -141,8 +147,9 @@ def unfit(chunk: int, head_dim: int, wide: bool, lanes: bool) -> str | None:
     return None
 
 
-KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "rotary", "pooled")    # the family's switches, in the flag's order
-FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]"
+KNOBS = ("staged", "carried", "kernel", "wide", "unrolled", "lanes", "burst", "rotary", "pooled")   # the family's switches, in the flag's order
+FORM_KNOBS = ("wide", "lanes", "burst")              # the generated kernel's forms besides narrow: one at most
+FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes|[:unrolled]:burst][:rotary[:pooled]]"
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
 COMBINE_STEP = 8                                     # lanes, unrolled: chunks a combine thread reads a loop step, at once
@@ -375,6 +382,68 @@ def lanes_partials(f: Decode, O, M, Z, Q, KV):
                                    opts_to_apply=()))
 
 
+def _stored(slot: int, size: int, dtype, stores):
+    """Local memory written at several (index, value, ranges) at once, read after every thread has (each value's
+    ranges end with its store)."""
+    from tinygrad import UOp
+    from tinygrad.dtype import AddrSpace
+    buf = UOp.placeholder((size,), dtype, slot, AddrSpace.LOCAL)
+    done = buf.after(*(buf[i].store(v).end(*ends) for i, v, ends in stores))
+    return done.after(done.barrier())
+
+
+def burst_partials(f: Decode, O, M, Z, Q, KV):
+    """A thread for each query head and dimension, as lanes, but the chunk's keys and values are loaded first and at
+    once: R = Hd/8 runs of eight dimensions a key or value row, a run a load, B = chunk x R / threads runs of each a
+    thread (every load of the group in flight together, and each key row read once for all the query heads it serves);
+    each key run's part of every query head's score and each value run go to local memory. Then each query head's
+    thread for dimension d sums the parts of its score at position d % chunk, the head's maximum and exponentials go
+    through local memory, and the thread sums its dimension's weighted values from the values in local memory."""
+    from tinygrad import UOp, dtypes
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
+    Hd, chunk, G = f.Hd, f.chunk, f.G
+    R, T = Hd // WIDE_KEYS, G * Hd
+    B = -(-chunk * R // T)                             # runs of keys, and of values, a thread loads
+    g, c, t = f.grid(T)
+    ek = UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)    # a run's eight dimensions: one load
+    parts, values = [], []
+    for b in range(B):
+        u = t + b * T                                  # the run: position u // R, dimensions (u % R) * 8 + ek
+        j, dk = u // R, (u % R) * WIDE_KEYS + ek
+        ok = f.live(c, j) & (u < chunk * R) if B * T > chunk * R else f.live(c, j)
+        key = KV[f.at(g, c, 0, j, dk).valid(ok)].cast(dtypes.float)
+        values.append((u * WIDE_KEYS + ek, KV[f.at(g, c, 1, j, dk).valid(ok)], (ek,)))
+        parts += [((i * B * T + u), (Q[(g * G + i) * Hd + dk].cast(dtypes.float) * key).reduce(ek, arg=Ops.ADD), ())
+                  for i in range(G)]
+    P = _stored(0, G * B * T, dtypes.float, parts)
+    V = _stored(1, B * T * WIDE_KEYS, KV.dtype.base, values)
+    h, d = t // Hd, t % Hd                             # the query head and dimension this thread writes
+    j = d % chunk                                      # the position it scores (chunk <= Hd: every position taken)
+    total = _fold(Ops.ADD, R, 0, lambda r: P[h * B * T + j * R + r], unrolled=True)
+    score = f.live(c, j).where(total * f.scale, float("-inf"))
+    Sc = _local(2, T, t, score)
+    jm = f.over_thread(chunk, 1)
+    m = Sc[h * Hd + jm].reduce(jm, arg=Ops.MAX)       # its query head's maximum over the chunk
+    E = _local(3, T, t, f.live(c, j).where((score - m).exp(), 0.0))
+    jz, jv = f.over_thread(chunk, 2), f.over_thread(chunk, 3)
+    out = (g * G + h) * f.C + c
+    # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
+    store_m, store_z = M[out.valid(d.eq(0))].store(m), Z[out.valid(d.eq(0))].store(E[h * Hd + jz].reduce(jz, arg=Ops.ADD))
+    o = (E[h * Hd + jv] * V[jv * Hd + d].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)   # (a row's runs lie in order)
+    return UOp.sink(O[out * Hd + d].store(o), store_m, store_z,
+                    arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_burst{B}{'_unrolled' if f.unrolled else ''}",
+                                   opts_to_apply=()))
+
+
+def burst_local_bytes(group: int, head_dim: int, chunk: int) -> int:
+    """The local memory a group of the burst partials holds: every query head's parts of the scores, the values (in
+    the cache's halves), the scores and the exponentials."""
+    threads = group * head_dim
+    runs = -(-chunk * head_dim // WIDE_KEYS // threads) * threads
+    return 4 * group * runs + 2 * runs * WIDE_KEYS + 2 * 4 * threads
+
+
 def combine(f: Decode, Y, O, M, Z=None):
     """A group a query head, a thread a dimension: each chunk's weighted values rescaled to one softmax and summed
     over the chunks, over the chunks' sums rescaled alike. Narrow (no Z): each chunk's sum the last column of its
@@ -447,24 +516,27 @@ FORMS = {
     "narrow": Form(narrow_partials, combine, lambda head_dim, chunk: head_dim + 1, sums_apart=False),
     "wide": Form(wide_partials, combine, max, sums_apart=True),
     "lanes": Form(lanes_partials, lanes_combine, max, sums_apart=True, query_type=True),
+    "burst": Form(burst_partials, lanes_combine, max, sums_apart=True, query_type=True),
 }
 
 
-def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False, lanes: bool = False):
+def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False, lanes: bool = False,
+                   burst: bool = False):
     """Attention of q (1, H, 1, Hd) over the cache positions so far, as two kernels written at tinygrad's UOp
     level in one of FORMS, picked here as ggml-cuda picks among its attention kernels: partials (a group for
     each key head and chunk holding a position so far; scores and exponentials through local memory; each query
     head's maximum, weighted values and their sum written out) and a combine over the chunks. k is the decode
     step's key view of the cache (1, KvH, L, Hd), L = position + 1. `wide`: wide_partials and the wide combine;
     `lanes`: lanes_partials (at chunks of 32, four times the wide form's threads, each with a quarter of its
-    steps) and lanes_combine; neither: narrow_partials and the narrow combine. `unrolled` (with wide or lanes):
-    the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes, the combine's
-    loops over the chunks COMBINE_STEP chunks a step, written out."""
+    steps) and lanes_combine; `burst`: burst_partials (a lanes group whose keys and values are loaded first, at
+    once) and lanes_combine; none: narrow_partials and the narrow combine. `unrolled` (with wide, lanes or burst):
+    the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes and burst, the
+    combine's loops over the chunks COMBINE_STEP chunks a step, written out."""
     from tinygrad import Tensor, dtypes
     B, H, _, Hd = q.shape
-    if why := unfit(chunk, Hd, wide, lanes):
+    if why := unfit(chunk, Hd, wide, lanes, burst):
         raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
-    form = FORMS["lanes" if lanes else "wide" if wide else "narrow"]
+    form = FORMS["burst" if burst else "lanes" if lanes else "wide" if wide else "narrow"]
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
     f = Decode(H, k.shape[1], Hd, cache.shape[3], chunk, form.row(Hd, chunk), k.shape[2].unbind_all()[0], unrolled)
     buffer = lambda *shape, dtype=dtypes.float32: Tensor.empty(*shape, dtype=dtype, device=q.device)
@@ -485,7 +557,7 @@ def decode_attention(split: Split, q, k, v, total: int):
     if not (q.shape[2] == 1 and q.shape[1] % k.shape[1] == 0 and (q.shape[0] == 1 or not split.kernel)):
         return None
     if split.kernel:
-        return decode_kernels(q, k, split.chunk, split.wide, split.unrolled, split.lanes)
+        return decode_kernels(q, k, split.chunk, split.wide, split.unrolled, split.lanes, split.burst)
     return split_sdpa(q, k, v, split.chunk, total, split.staged, split.carried)
 
 
@@ -511,7 +583,7 @@ def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions:
         live = -(-(min(depth, total - 1) + 1) // split.chunk)
         threads = split.threads(heads // kv_heads, head_dim)
         return (Scheduled(kv_heads * live * threads, True),
-                Scheduled(heads * head_dim * (COMBINE_LANES if split.lanes else 1), False))
+                Scheduled(heads * head_dim * (COMBINE_LANES if split.lanes or split.burst else 1), False))
     with Context(DEV="CPU"):    # on another default device, the bound position would be a kernel and a copy
         cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
         p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
@@ -554,9 +626,14 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
     threads = setting.threads(group, f.head_dim)
     if threads > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {threads} threads a group ({group} "
-                       f"query heads a key head x {f.head_dim if setting.lanes else setting.chunk} "
-                       f"{'dimensions' if setting.lanes else 'positions'}); device {Device.DEFAULT} allows {most}")
-    if setting.lanes and f.head_dim * COMBINE_LANES > most:
+                       f"query heads a key head x {f.head_dim if setting.lanes or setting.burst else setting.chunk} "
+                       f"{'dimensions' if setting.lanes or setting.burst else 'positions'}); device {Device.DEFAULT} allows {most}")
+    if setting.burst and (local := burst_local_bytes(group, f.head_dim, setting.chunk)) > (
+            room := Device[Device.DEFAULT].renderer.shared_max):
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} holds {local} bytes of local memory a "
+                       f"group ({group} query heads a key head, {f.head_dim} dimensions, chunks of {setting.chunk}); "
+                       f"device {Device.DEFAULT} allows {room}")
+    if (setting.lanes or setting.burst) and f.head_dim * COMBINE_LANES > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with {COMBINE_LANES} threads a "
                        f"dimension, {f.head_dim * COMBINE_LANES} a group; device {Device.DEFAULT} allows {most}")
     if setting.pooled and f.head_dim > most:

@@ -32,10 +32,12 @@ def foresee(census, split: Split, context: int, target, cal: Calibration, on=Non
     width = split.threads(f.heads // max(1, f.kv_heads), f.head_dim) if split.kernel else target.fact("thread_group_width")
     grouped = {"local": int(width or 1)}
     if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
-        # unrolled, a thread's whole key row at once; lanes, its run of a key row (chunk keys), written out
-        load = KV_BYTES * (attention.WIDE_KEYS if split.wide else 1)
-        in_flight = (f.head_dim * KV_BYTES if split.unrolled else split.chunk * KV_BYTES if split.lanes
-                     else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
+        # burst, its runs of keys and values, all at once; unrolled, a thread's whole key row at once; lanes, its run
+        # of a key row (chunk keys), written out
+        load = KV_BYTES * (attention.WIDE_KEYS if split.wide or split.burst else 1)
+        runs = -(-split.chunk * f.head_dim // attention.WIDE_KEYS // width) if split.burst else 0
+        in_flight = (2 * runs * load if split.burst else f.head_dim * KV_BYTES if split.unrolled
+                     else split.chunk * KV_BYTES if split.lanes else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))
@@ -60,7 +62,8 @@ def rotary_kernels_removed(census, on) -> int:
 
 FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read=knobs(Split, later=KNOBS[1:]),
                 of_values=lambda v: Split(v["chunk"], **{k: bool(v[k]) for k in KNOBS}), foresee=foresee,
-                metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes][:rotary[:pooled]]",
+                metavar="CHUNK[:staged][:carried]|CHUNK:kernel[:wide[:unrolled]|[:unrolled]:lanes|[:unrolled]:burst]"
+                        "[:rotary[:pooled]]",
                 parse=Split.parse, admits=Split.admits,
                 unfit=lambda census, s: s.unfit(census.facts.head_dim) if s.kernel else None,
                 help="decode attention split over the sequence in chunks of CHUNK positions, each read by its own "
@@ -69,9 +72,12 @@ FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read
                      "(two reductions fewer a layer); `:kernel` writes the split as two kernels generated at "
                      "tinygrad's UOp level (needs thread groups with local memory); `:wide` has them read a key row "
                      "eight halves a load and a run of value dimensions a thread; `:unrolled` (after :wide, or before "
-                     ":lanes) writes their loops over a key row and a chunk's positions out in full (lanes: and the "
+                     ":lanes or :burst) writes their loops over a key row and a chunk's positions out in full (lanes, "
+                     "burst: and the "
                      "combine's over the chunks, eight a step); `:lanes` (instead of :wide) "
-                     "runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:rotary` "
+                     "runs them a thread a query head's dimension, head size / CHUNK threads a key row; `:burst` (instead of "
+                     ":wide or :lanes) has them load a chunk's keys and values first, sixteen bytes a load, all at "
+                     "once, into local memory, then a thread a query head's dimension; `:rotary` "
                      "(after :kernel) runs a decode step's query and key norms, rotary step and cache store as one "
                      "more generated kernel; `:pooled` (after :rotary) runs it a thread group a query head, its "
                      "squares summed through local memory")
