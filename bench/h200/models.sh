@@ -41,7 +41,7 @@ stage() {     # stage NAME LIMIT COMMAND...: its output in $O/NAME.txt, a line i
   echo "$name: rc=$? $(( $(date +%s) - start )) s, at $(date +%T): $*" | tee -a "$O/stages.txt"
 }
 
-profile() {   # profile NAME MODEL FLAGS...: the trace (gzipped) and its account on the h200 target
+profile() {   # profile NAME MODEL FLAGS...: the trace (gzipped) and its account on $TARGET (h200 unless set)
   local name=$1 model=$2
   shift 2
   stage "$name" 600 python3 -m boltbeam profile "$model" --device CUDA --tokens 16 --no-hash "$@" \
@@ -49,7 +49,7 @@ profile() {   # profile NAME MODEL FLAGS...: the trace (gzipped) and its account
   [ -e "$RUN/$name.trace.json" ] || return
   gzip -c "$RUN/$name.trace.json" > "$O/$name.json.gz"
   stage "$name.account" 120 python3 -m boltbeam account "$RUN/$name.trace.json" --model "$model" --no-hash-check \
-    --target h200 --json
+    --target ${TARGET:-h200} --json
 }
 
 [ "$1" = none ] && return 0     # sourced for its functions (models/quick.sh)
@@ -92,13 +92,13 @@ case $1 in
       profile "8b.$depth.default" $EIGHT_B --context $depth
       profile "8b.$depth.route" $EIGHT_B --context $depth --route "$H/rotary_route.json"
       if [ $depth = 512 ]; then     # 3. tune on SmolLM2, between the depths
-        stage tune_smol 420 python3 -m boltbeam tune "$SMOL" --device CUDA --target h200 --out "$RUN/tune_smol" \
+        stage tune_smol 420 python3 -m boltbeam tune "$SMOL" --device CUDA --target ${TARGET:-h200} --out "$RUN/tune_smol" \
           --ledger "$RUN/ledger.sqlite" --context 512 --tokens 16 --budget 1 --minutes 5 --json
         cp "$RUN/tune_smol/route.json" "$O/tune_smol_route.json" && cp "$RUN/tune_smol/report.html" "$O/tune_smol.html"
         profile "SmolLM2-135M.tuned" "$SMOL" --context 512 --reference --route "$RUN/tune_smol/route.json"
       fi
     done
-    stage tune_gemma 420 python3 -m boltbeam tune "$GEMMA" --device CUDA --target h200 --out "$RUN/tune_gemma" \
+    stage tune_gemma 420 python3 -m boltbeam tune "$GEMMA" --device CUDA --target ${TARGET:-h200} --out "$RUN/tune_gemma" \
       --ledger "$RUN/ledger.sqlite" --context 512 --tokens 16 --budget 1 --minutes 5 --json
     cp "$RUN/tune_gemma/route.json" "$O/tune_gemma_route.json" && cp "$RUN/tune_gemma/report.html" "$O/tune_gemma.html"
     profile "gemma-3.tuned" "$GEMMA" --context 512 --reference --route "$RUN/tune_gemma/route.json"
