@@ -5,7 +5,7 @@
 # time), the 8B-shaped file's token at depth 4096 on the recorded route (../rotary/route.json, its BEAM choices
 # imported) and on the same route with the form that was fastest alone at 4096, each accounted on this GPU's target.
 #   call A: bash bench/h200/s15/s15.sh start     (carry .whl)
-#   call B: bash bench/h200/s15/s15.sh wait S    (S seconds at most; packs what is new into $OUT)
+#   call B: bash bench/h200/s15/s15.sh wait S    (models.sh's wait: S seconds at most, packs what is new into $OUT)
 set -u
 export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
 source bench/h200/models.sh none            # stage, profile
@@ -31,13 +31,5 @@ print(min((v['us_per_layer_median'], k) for k, v in f.items() if k != '32:kernel
     profile 8b.4096.best /tmp/m.gguf --context 4096 --route bench/h200/rotary/route.json --split-attention "$best:rotary"
     touch "$O/run.done" ;;
   wait)
-    end=$(( $(date +%s) + $2 ))
-    while [ ! -e "$O/run.done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
-    [ -e "$O/run.done" ] && echo "run done" || echo "run still running"
-    cat "$O/stages.txt" 2>/dev/null; tail -5 "$O/run.log"
-    touch "$RUN/this_pack"
-    (cd "$O" && find . -type f -newer "$RUN/last_pack" ! -newer "$RUN/this_pack" | sort) > "$RUN/new.txt"
-    mv "$RUN/this_pack" "$RUN/last_pack"
-    [ -s "$RUN/new.txt" ] && tar czf "$OUT/run-$(date +%H%M%S).tgz" -C "$O" -T "$RUN/new.txt"
-    ls -la "$OUT" ;;
+    bash bench/h200/models.sh wait "$2" ;;
 esac
