@@ -37,9 +37,9 @@ def generated(split: attention.Split) -> set[str]:
     if not split.kernel:
         return set()
     group = HEADS // KV_HEADS
-    burst = -(-CHUNK * HEAD_DIM // attention.WIDE_KEYS // (group * HEAD_DIM))     # runs of keys a thread loads
-    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else f"_burst{burst}" if split.burst else
-            "_wide" if split.wide else "") + ("_unrolled" if split.unrolled else "")
+    burst = f"_burst{attention.burst_runs(group, HEAD_DIM, CHUNK)}"     # (runs of keys a thread loads)
+    form = (f"_lanes{HEAD_DIM // CHUNK}" if split.lanes else burst if split.burst else "_wide" if split.wide else "") + (
+        "_unrolled" if split.unrolled else "")
     names = {f"attention_partials_{group}x{CHUNK}{form}"}
     if split.rotary:
         names.add(f"rotary_{HEADS}x{HEAD_DIM}" + ("_pooled" if split.pooled else ""))

@@ -272,12 +272,20 @@ def _fold(op, size, axis: int, body, unrolled: bool = False, step: tuple[int, in
     return tuple(map(folded, out)) if isinstance(out, tuple) else folded(out)
 
 
+def _stored(slot: int, size: int, dtype, stores):
+    """Local memory written at several (index, value, ranges) at once, read after every thread has (each value's
+    ranges end with its store)."""
+    from tinygrad import UOp
+    from tinygrad.dtype import AddrSpace
+    buf = UOp.placeholder((size,), dtype, slot, AddrSpace.LOCAL)
+    done = buf.after(*(buf[i].store(v).end(*ends) for i, v, ends in stores))
+    return done.after(done.barrier())
+
+
 def _local(slot: int, size: int, t, value):
     """value written to slot `slot` of the group's local memory at thread t, read after every thread has."""
-    from tinygrad import UOp, dtypes
-    from tinygrad.dtype import AddrSpace
-    buf = UOp.placeholder((size,), dtypes.float, slot, AddrSpace.LOCAL)[t].set(value)
-    return buf.after(buf.barrier())
+    from tinygrad import dtypes
+    return _stored(slot, size, dtypes.float, [(t, value, ())])
 
 
 def _chunk_softmax(f: Decode, Q, KV, M, dk, over):
@@ -382,16 +390,6 @@ def lanes_partials(f: Decode, O, M, Z, Q, KV):
                                    opts_to_apply=()))
 
 
-def _stored(slot: int, size: int, dtype, stores):
-    """Local memory written at several (index, value, ranges) at once, read after every thread has (each value's
-    ranges end with its store)."""
-    from tinygrad import UOp
-    from tinygrad.dtype import AddrSpace
-    buf = UOp.placeholder((size,), dtype, slot, AddrSpace.LOCAL)
-    done = buf.after(*(buf[i].store(v).end(*ends) for i, v, ends in stores))
-    return done.after(done.barrier())
-
-
 def burst_partials(f: Decode, O, M, Z, Q, KV):
     """A thread for each query head and dimension, as lanes, but the chunk's keys and values are loaded first and at
     once: R = Hd/8 runs of eight dimensions a key or value row, a run a load, B = chunk x R / threads runs of each a
@@ -404,7 +402,7 @@ def burst_partials(f: Decode, O, M, Z, Q, KV):
     O, M, Z, Q, KV = (b.flatten() for b in (O, M, Z, Q, KV))
     Hd, chunk, G = f.Hd, f.chunk, f.G
     R, T = Hd // WIDE_KEYS, G * Hd
-    B = -(-chunk * R // T)                             # runs of keys, and of values, a thread loads
+    B = burst_runs(G, Hd, chunk)
     g, c, t = f.grid(T)
     ek = UOp.range(WIDE_KEYS, 10, AxisType.UNROLL)    # a run's eight dimensions: one load
     parts, values = [], []
@@ -436,11 +434,17 @@ def burst_partials(f: Decode, O, M, Z, Q, KV):
                                    opts_to_apply=()))
 
 
+def burst_runs(group: int, head_dim: int, chunk: int) -> int:
+    """Runs of keys, and of values, a thread of the burst partials loads: a chunk's rows of head_dim / 8 runs each,
+    shared among its group x head_dim threads."""
+    return -(-chunk * (head_dim // WIDE_KEYS) // (group * head_dim))
+
+
 def burst_local_bytes(group: int, head_dim: int, chunk: int) -> int:
     """The local memory a group of the burst partials holds: every query head's parts of the scores, the values (in
     the cache's halves), the scores and the exponentials."""
     threads = group * head_dim
-    runs = -(-chunk * head_dim // WIDE_KEYS // threads) * threads
+    runs = burst_runs(group, head_dim, chunk) * threads
     return 4 * group * runs + 2 * runs * WIDE_KEYS + 2 * 4 * threads
 
 

@@ -35,7 +35,7 @@ def foresee(census, split: Split, context: int, target, cal: Calibration, on=Non
         # burst, its runs of keys and values, all at once; unrolled, a thread's whole key row at once; lanes, its run
         # of a key row (chunk keys), written out
         load = KV_BYTES * (attention.WIDE_KEYS if split.wide or split.burst else 1)
-        runs = -(-split.chunk * f.head_dim // attention.WIDE_KEYS // width) if split.burst else 0
+        runs = attention.burst_runs(f.heads // max(1, f.kv_heads), f.head_dim, split.chunk) if split.burst else 0
         in_flight = (2 * runs * load if split.burst else f.head_dim * KV_BYTES if split.unrolled
                      else split.chunk * KV_BYTES if split.lanes else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
