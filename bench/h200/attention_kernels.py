@@ -47,7 +47,7 @@ def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540,
             for cache in caches:          # as decode does: this token's key and value stored, then read
                 written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(x.uop)))
                 outs.append(decode_kernels(q, written[0, :, :, 0:p + 1, :], split.chunk, split.wide, split.unrolled,
-                                           split.lanes))
+                                           split.lanes, split.burst))
             return Tensor.stack(*outs).realize()
         for _ in range(3):                # capture the graph
             got = step(q, x, pos.bind(depth))
