@@ -332,6 +332,10 @@ def test_futuresight_on_split_attention_settings(tiny_model):
     wide16 = split_attention.foresee(census, attention.Split(16, kernel=True, wide=True), 40, h200, cal)
     assert (sight.bytes, sight.kernels) == (wide16.bytes, wide16.kernels) and sight.memory_us < wide16.memory_us
     assert attention.Split.parse("16:kernel:lanes") == lanes
+    # Burst's combine: a lane for each chunk of the cache, 32 at most.
+    burst = attention.Split(16, kernel=True, burst=True)
+    assert [attention.scheduled(burst, f.heads, f.kv_heads, f.head_dim, positions, 40)[1].outputs
+            for positions in (64, 640)] == [f.heads * f.head_dim * 4, f.heads * f.head_dim * 32]
     for flag in ("16:kernel:wide:lanes", "16:lanes"):
         with pytest.raises(BadInput, match="one of them"):
             attention.Split.parse(flag)
@@ -427,6 +431,7 @@ def test_split_attention_equals_tinygrads_attention(kv_heads, group, head_dim, t
     (1, 4, 32, 20, 8, "burst"),          # more threads than runs (the rest load nothing); the last chunk past the end
     (2, 1, 16, 40, 16, "burst"),         # more runs than threads: two of each a thread
     (1, 3, 16, 40, 16, "unrolled:burst"),  # three query heads a key head; a chunk's loops written out
+    (1, 2, 8, 328, 8, "burst"),          # the spread combine: more chunks than lanes (41 of 32), two for some
 ])
 def test_generated_attention_kernels_equal_tinygrads_attention(kv_heads, group, head_dim, positions, chunk, form):
     """The two generated kernels (partials through local memory, then the combine), under the JIT with the

@@ -153,6 +153,8 @@ FLAG_FORMS = "CHUNK[:staged][:carried] or CHUNK:kernel[:wide[:unrolled]|[:unroll
 WIDE_KEYS = 8                                        # halves of a key row a wide kernel's thread reads a load
 COMBINE_LANES = 4                                    # lanes: threads a dimension of the combine, each a share of the chunks
 COMBINE_STEP = 8                                     # lanes, unrolled: chunks a combine thread reads a loop step, at once
+SPREAD_LANES = 32                                    # burst: threads a dimension of the spread combine, each its own chunks
+SPREAD_DIMS = 32                                     # burst: dimensions a group of the spread combine takes, at most
 
 
 def split_sdpa(q, k, v, chunk: int, total: int, staged: bool = False, carried: bool = False):
@@ -504,6 +506,55 @@ def lanes_combine(f: Decode, Y, O, M, Z):
     return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(arg=KernelInfo(name=name, opts_to_apply=()))
 
 
+def spread_slice(head_dim: int) -> int:
+    """Dimensions of a query head a group of the spread combine takes: a warp's loads of a row at most."""
+    return math.gcd(head_dim, SPREAD_DIMS)
+
+
+def spread_lanes(chunks: int) -> int:
+    """Threads a dimension of the spread combine, at a cache of `chunks` chunks: no more lanes than chunks."""
+    return min(SPREAD_LANES, chunks)
+
+
+def spread_combine(f: Decode, Y, O, M, Z):
+    """A group a query head and slice of Ds dimensions (Ds = spread_slice(Hd)), R = spread_lanes(C) threads a dimension,
+    lane r taking the chunks r, r + R, ...: each lane's own maximum over its chunks, then its weighted values and
+    sums rescaled to that maximum, through local memory; each thread then rescales the lanes' sums of its
+    dimension to their maximum (every thread of a dimension writes the same value), in the query's type. More
+    groups than lanes_combine's one a query head, and a lane's loop over its chunks R times shorter:
+    a loop waits on each load (latency, not bytes), so the chunks' count, not their bytes, set lanes_combine's time."""
+    from tinygrad import UOp
+    from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+    Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
+    R, Ds, Hd, C, n = spread_lanes(f.C), spread_slice(f.Hd), f.Hd, f.C, f.n
+    h, s, t = UOp.special(f.H, "gidx0"), UOp.special(Hd // Ds, "gidx1"), UOp.special(R * Ds, "lidx0")
+    dl, r = t % Ds, t // Ds
+    d, steps = s * Ds + dl, (n + R - 1) // R
+    chunk = lambda k: r + k * R                     # lane r's k-th chunk
+    live = lambda c: c < n
+    at = lambda c: (h * C + c).valid(live(c))
+
+    def lane_max(k):
+        c = chunk(k)
+        return live(c).where(M[at(c)], float("-inf"))
+    m = _fold(Ops.MAX, steps, 0, lane_max)          # -inf for a lane without a chunk (n < R)
+
+    def sums(k):
+        c = chunk(k)
+        w = live(c).where((M[at(c)] - m).exp(), 0.0)
+        return O[((h * C + c) * Hd + d).valid(live(c))] * w, Z[at(c)] * w
+    acc, z = _fold(Ops.ADD, steps, 1, sums)
+    Ml = _local(0, R * Ds, t, m)
+    B, Bz = _local(1, R * Ds, t, acc), _local(2, R * Ds, t, z)
+    rt = UOp.range(R, 2, AxisType.UNROLL)
+    top = Ml[rt * Ds + dl].reduce(rt, arg=Ops.MAX)
+    ra, rz = UOp.range(R, 3, AxisType.UNROLL), UOp.range(R, 4, AxisType.UNROLL)
+    share = lambda rr: (Ml[rr * Ds + dl] - top).exp()   # a lane's share of one softmax (0 for a lane without a chunk)
+    out = (B[ra * Ds + dl] * share(ra)).reduce(ra, arg=Ops.ADD) / (Bz[rz * Ds + dl] * share(rz)).reduce(rz, arg=Ops.ADD)
+    return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(
+        arg=KernelInfo(name=f"attention_combine_{C}_spread{R}x{Ds}", opts_to_apply=()))
+
+
 @dataclass(frozen=True)
 class Form:
     """One form of the generated kernels: its partials and combine, the values a chunk writes a query head (of
@@ -520,7 +571,7 @@ FORMS = {
     "narrow": Form(narrow_partials, combine, lambda head_dim, chunk: head_dim + 1, sums_apart=False),
     "wide": Form(wide_partials, combine, max, sums_apart=True),
     "lanes": Form(lanes_partials, lanes_combine, max, sums_apart=True, query_type=True),
-    "burst": Form(burst_partials, lanes_combine, max, sums_apart=True, query_type=True),
+    "burst": Form(burst_partials, spread_combine, max, sums_apart=True, query_type=True),
 }
 
 
@@ -533,9 +584,9 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
     step's key view of the cache (1, KvH, L, Hd), L = position + 1. `wide`: wide_partials and the wide combine;
     `lanes`: lanes_partials (at chunks of 32, four times the wide form's threads, each with a quarter of its
     steps) and lanes_combine; `burst`: burst_partials (a lanes group whose keys and values are loaded first, at
-    once) and lanes_combine; none: narrow_partials and the narrow combine. `unrolled` (with wide, lanes or burst):
-    the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes and burst, the
-    combine's loops over the chunks COMBINE_STEP chunks a step, written out."""
+    once) and spread_combine; none: narrow_partials and the narrow combine. `unrolled` (with wide, lanes or burst):
+    the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes, the combine's
+    loops over the chunks COMBINE_STEP chunks a step, written out (spread_combine's loops are short: kept)."""
     from tinygrad import Tensor, dtypes
     B, H, _, Hd = q.shape
     if why := unfit(chunk, Hd, wide, lanes, burst):
@@ -579,15 +630,15 @@ def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions:
     head counts, a cache of `positions` and a query at `depth`: asked on the CPU, nothing run. The
     generated kernels are known by construction: the partials, a thread for each query head and position
     (lanes: dimension) of the chunks holding a position so far (the rest exit), and the combine, a thread an
-    output (lanes: COMBINE_LANES threads an output)."""
+    output (lanes: COMBINE_LANES threads an output; burst: spread_lanes of the cache's chunks)."""
     from tinygrad import Context, Device, Tensor, UOp
     from boltbeam.search.compiler import outputs_at
     total = -(-positions // split.chunk) * split.chunk
     if split.kernel:
         live = -(-(min(depth, total - 1) + 1) // split.chunk)
         threads = split.threads(heads // kv_heads, head_dim)
-        return (Scheduled(kv_heads * live * threads, True),
-                Scheduled(heads * head_dim * (COMBINE_LANES if split.lanes or split.burst else 1), False))
+        lanes = spread_lanes(total // split.chunk) if split.burst else COMBINE_LANES if split.lanes else 1
+        return Scheduled(kv_heads * live * threads, True), Scheduled(heads * head_dim * lanes, False)
     with Context(DEV="CPU"):    # on another default device, the bound position would be a kernel and a copy
         cache = Tensor.empty(2, 1, kv_heads, total, head_dim, device="CPU", dtype="half")
         p = UOp.variable("start_pos", 0, total - 1).bind(min(depth, total - 1))
@@ -637,9 +688,10 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} holds {local} bytes of local memory a "
                        f"group ({group} query heads a key head, {f.head_dim} dimensions, chunks of {setting.chunk}); "
                        f"device {Device.DEFAULT} allows {room}")
-    if (setting.lanes or setting.burst) and f.head_dim * COMBINE_LANES > most:
-        raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with {COMBINE_LANES} threads a "
-                       f"dimension, {f.head_dim * COMBINE_LANES} a group; device {Device.DEFAULT} allows {most}")
+    combine = (SPREAD_LANES, spread_slice(f.head_dim)) if setting.burst else (COMBINE_LANES, f.head_dim) if setting.lanes else None
+    if combine and combine[0] * combine[1] > most:
+        raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with up to {combine[0]} threads "
+                       f"a dimension, {combine[0] * combine[1]} a group; device {Device.DEFAULT} allows {most}")
     if setting.pooled and f.head_dim > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} runs the rotary kernel a thread a "
                        f"dimension, {f.head_dim} a group; device {Device.DEFAULT} allows {most}")
