@@ -277,11 +277,20 @@ def _fold(op, size, axis: int, body, unrolled: bool = False, step: tuple[int, in
 def _stored(slot: int, size: int, dtype, stores):
     """Local memory written at several (index, value, ranges) at once, read after every thread has (each value's
     ranges end with its store)."""
+    return _stored_together((slot, size, dtype, stores))[0]
+
+
+def _stored_together(*tables):
+    """Several buffers of local memory, each (slot, size, dtype, stores) as _stored's, behind one barrier: every
+    store's loads go out before any thread waits."""
     from tinygrad import UOp
     from tinygrad.dtype import AddrSpace
-    buf = UOp.placeholder((size,), dtype, slot, AddrSpace.LOCAL)
-    done = buf.after(*(buf[i].store(v).end(*ends) for i, v, ends in stores))
-    return done.after(done.barrier())
+    done = []
+    for slot, size, dtype, stores in tables:
+        buf = UOp.placeholder((size,), dtype, slot, AddrSpace.LOCAL)
+        done.append(buf.after(*(buf[i].store(v).end(*ends) for i, v, ends in stores)))
+    barrier = done[0].barrier(*done[1:])
+    return [d.after(barrier) for d in done]
 
 
 def _local(slot: int, size: int, t, value):
@@ -416,8 +425,7 @@ def burst_partials(f: Decode, O, M, Z, Q, KV):
         values.append((u * WIDE_KEYS + ek, KV[f.at(g, c, 1, j, dk).valid(ok)], (ek,)))
         parts += [((i * B * T + u), (Q[(g * G + i) * Hd + dk].cast(dtypes.float) * key).reduce(ek, arg=Ops.ADD), ())
                   for i in range(G)]
-    P = _stored(0, G * B * T, dtypes.float, parts)
-    V = _stored(1, B * T * WIDE_KEYS, KV.dtype.base, values)
+    P, V = _stored_together((0, G * B * T, dtypes.float, parts), (1, B * T * WIDE_KEYS, KV.dtype.base, values))
     h, d = t // Hd, t % Hd                             # the query head and dimension this thread writes
     j = d % chunk                                      # the position it scores (chunk <= Hd: every position taken)
     total = _fold(Ops.ADD, R, 0, lambda r: P[h * B * T + j * R + r], unrolled=True)
@@ -426,10 +434,10 @@ def burst_partials(f: Decode, O, M, Z, Q, KV):
     jm = f.over_thread(chunk, 1)
     m = Sc[h * Hd + jm].reduce(jm, arg=Ops.MAX)       # its query head's maximum over the chunk
     E = _local(3, T, t, f.live(c, j).where((score - m).exp(), 0.0))
-    jz, jv = f.over_thread(chunk, 2), f.over_thread(chunk, 3)
+    jv = f.over_thread(chunk, 3)                      # (one range: the values' sum and the exponentials' in one loop)
     out = (g * G + h) * f.C + c
     # (every thread of a query head holds the same maximum and sum: right whether or not tinygrad keeps the gate)
-    store_m, store_z = M[out.valid(d.eq(0))].store(m), Z[out.valid(d.eq(0))].store(E[h * Hd + jz].reduce(jz, arg=Ops.ADD))
+    store_m, store_z = M[out.valid(d.eq(0))].store(m), Z[out.valid(d.eq(0))].store(E[h * Hd + jv].reduce(jv, arg=Ops.ADD))
     o = (E[h * Hd + jv] * V[jv * Hd + d].cast(dtypes.float)).reduce(jv, arg=Ops.ADD)   # (a row's runs lie in order)
     return UOp.sink(O[out * Hd + d].store(o), store_m, store_z,
                     arg=KernelInfo(name=f"attention_partials_{G}x{chunk}_burst{B}{'_unrolled' if f.unrolled else ''}",
