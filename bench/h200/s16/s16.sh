@@ -12,7 +12,7 @@ set -u
 export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
 source bench/h200/models.sh none            # stage, profile
 case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) export TARGET=h100-sxm ;; *) export TARGET=h200 ;; esac
-FORMS="32:kernel:lanes 64:kernel:lanes 32:kernel:burst 64:kernel:burst"
+FORMS="32:kernel:lanes 64:kernel:lanes 32:kernel:burst 64:kernel:burst 64:kernel:unrolled:burst"
 BURST=64:kernel:burst:rotary
 case $1 in
   start)
@@ -20,7 +20,7 @@ case $1 in
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
     (setsid nohup bash bench/h200/s16/s16.sh run > "$O/run.log" 2>&1 < /dev/null &)
     NCU_EXTRA="--section MemoryWorkloadAnalysis --section SchedulerStats" bash bench/h200/s15/attention.sh "$O" "$FORMS" \
-      "64:kernel:lanes 64:kernel:burst" 2>&1 | tee "$O/attention.log"
+      "64:kernel:lanes 64:kernel:burst 64:kernel:unrolled:burst" 2>&1 | tee "$O/attention.log"
     touch "$O/attention.done"
     cp "$O"/attention_*.json "$O"/ncu_4096.csv "$O"/nvidia-smi.csv "$O"/attention.log "$OUT"/ ;;
   run)
