@@ -1,16 +1,19 @@
 """`boltbeam tune`: the whole-token families one after another on the tiny model, each promoted setting composing
 the route; a second tune on the same ledger profiles nothing and writes the same route; the time budget kept;
-the order FutureSight's predicted savings give; the output held to llama.cpp's tokens with --reference (the
+the order the predicted savings give (against the route's own setting, or the route's profile); the output held to llama.cpp's tokens with --reference (the
 stand-in binding); bad input one line, nothing written."""
 import json
+from statistics import median
 
 import pytest
 from markupsafe import escape
 
 from boltbeam.cli import main
 from boltbeam.judge.verdicts import VERDICTS
+from boltbeam.account.compare import region_times
 from boltbeam.ledger.store import Ledger
 from boltbeam.measure import route as routes
+from boltbeam.measure import trace as tracefile
 from boltbeam.route import layout
 from boltbeam.bound.targets import get_target
 from boltbeam.measure.route import Route, engine
@@ -49,12 +52,14 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert main(tune_args(tiny_model, out, ledger)) == 0
     first = json.loads((out / "tune.json").read_text())
     assert json.loads(capsys.readouterr().out) == first
-    # A baseline (the route of no family), the layout's best predicted setting, constants once: each profiled once;
-    # a family whose route did not change reads the route's profile it has, and a promoted setting's profile is
-    # the next family's baseline.
+    # The route of no family, profiled before the first family is chosen (it prices them) and handed on as that
+    # family's baseline, the layout's best predicted setting, constants once: each profiled once; a family whose
+    # route did not change reads the route's profile it has, and a promoted setting's profile is the next family's
+    # baseline.
     assert len(profiles) == first["profiles"] == 3
+    assert profiles[0] == str(out / "traces" / "route.trace.json") and not list(out.rglob("baseline.json"))
     judged = [s for s in first["steps"] if s["verdict"]]
-    assert [s["family"] for s in judged] == FAMILIES.split(",") and all(s["timed"] for s in judged)
+    assert [s["family"] for s in judged] == [o["family"] for o in first["order"]] and all(s["timed"] for s in judged)
     assert all(s["verdict"] in VERDICTS and s["after_us"] > 0 and s["before_us"] > 0 for s in judged)
     assert all("budget" in s["skipped"] for s in first["steps"] if not s["verdict"])
     with Ledger(ledger, create=False) as led:
@@ -74,12 +79,21 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert first["start_us"] == judged[0]["before_us"] and first["final_us"] == (last or [first["start_us"]])[-1]
     page = (out / "report.html").read_text()
     assert "The journey" in page and "<svg" in page and "tinygrad&#39;s own route" in page
-    # No family is on tinygrad's route, so FutureSight predicts no saving: spaces.toml's order, each saying why;
-    # the output held to tinygrad's default route alone, and said so.
-    assert [o["family"] for o in first["order"]] == FAMILIES.split(",")
-    assert all(o["gain_us"] is None and "spaces.toml's order" in o["why"] and o["best_us"] >= 0 for o in first["order"])
+    # No family is on tinygrad's route: each is priced from the profile of the route it went on, the first going
+    # first for the largest saving on the route of no family; the output held to tinygrad's default route alone.
+    assert sorted(o["family"] for o in first["order"]) == sorted(FAMILIES.split(","))
+    for o in first["order"]:
+        assert o["against"] == tune.PROFILE and o["why"] is None
+        assert set(o["replaced_us"]) == set(BY_NAME[o["family"]].replaces.regions + BY_NAME[o["family"]].replaces.categories)
+        assert o["against_us"] == pytest.approx(sum(o["replaced_us"].values()))
+        assert o["gain_us"] == pytest.approx(o["against_us"] - o["best_us"])
+    start = (str(out / "traces" / "route.json"), routes.load(str(out / "traces" / "route.json")))
+    census, target = take_census(tiny_model), get_target("host-like", [CPU_TARGETS])
+    on_start = [tune.outlook(BY_NAME[f], census, 4, target, start, tracefile.load(profiles[0])).gain_us
+                for f in FAMILIES.split(",")]
+    assert first["order"][0]["gain_us"] == pytest.approx(max(on_start))
     assert first["checked_against"] == tune.DEFAULT_ONLY and first["reference"] is None and first["start_output"] is None
-    assert str(escape(tune.DEFAULT_ONLY)) in page and "The order" in page
+    assert str(escape(tune.DEFAULT_ONLY)) in page and "The order" in page and "the route's profile: " in page
 
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.
     route_bytes = (out / "route.json").read_bytes()
@@ -131,19 +145,60 @@ def test_with_reference_a_setting_off_llama_cpps_tokens_is_not_promoted(tiny_mod
 
 def test_the_order_runs_first_the_family_predicted_to_save_most(tiny_model):
     """Where the route runs a setting of a family, FutureSight predicts what its best saves against it, and that
-    family goes before one of no predicted saving that spaces.toml puts first; with none predicted, spaces.toml's."""
+    family goes before one not priced (no profile of the route here) that spaces.toml puts first; with none priced,
+    spaces.toml's."""
     target = get_target("host-like", [CPU_TARGETS])
     census = take_census(tiny_model)
     split, once = BY_NAME["split_attention"], BY_NAME["constants_once"]
     start = Route("x", engine(), "CPU", target.name, "tune", "generated by search", [])
     candidates, _ = choose.foreseen(split, census, 4, target, ("r", start))
     on = ("r", choose.with_setting(split, start, candidates[-1].setting, "x", "CPU", target.name, 0))
-    gains = {f.name: tune.gain(f, census, 4, target, on) for f in (once, split)}
-    assert gains["constants_once"] is None
-    assert gains["split_attention"] == pytest.approx(candidates[-1].predicted_us - candidates[0].predicted_us)
+    outlooks = {f.name: tune.outlook(f, census, 4, target, on, None) for f in (once, split)}
+    assert outlooks["constants_once"].gain_us is None and tune.NO_PROFILE in outlooks["constants_once"].why
+    assert outlooks["split_attention"].against == tune.ROUTE_SETTING
+    assert outlooks["split_attention"].against_us == pytest.approx(candidates[-1].predicted_us)
+    assert outlooks["split_attention"].gain_us == pytest.approx(candidates[-1].predicted_us - candidates[0].predicted_us)
+    gains = {name: o.gain_us for name, o in outlooks.items()}
     assert gains["split_attention"] > 0 and tune.first_of([once, split], gains) is split
     assert tune.first_of([once, split], {"constants_once": None, "split_attention": None}) is once
     assert tune.first_of([once, split], {"constants_once": None, "split_attention": -1.0}) is once
+
+
+def test_a_family_the_route_does_not_set_is_priced_from_the_routes_profile(tiny_model, tiny_default):
+    """On a route of no family, each family's saving is the time the route's profile spends in what the family
+    declares it replaces (account's regions, kernel categories, the host's step) less FutureSight's best setting's
+    prediction, and the order follows those savings, not spaces.toml's."""
+    target = get_target("host-like", [CPU_TARGETS])
+    census = take_census(tiny_model)
+    profile = tracefile.load(tiny_default.path)
+    tokens = list(profile.by_token().values())
+    # The host's step made the longest part of the token: the family spaces.toml puts last here should go first.
+    profile.kernel_pass.plain_host_us = [2 * max(sum(k.duration_us for k in ks) for ks in tokens)] * 5
+    on = ("r", Route("x", engine(), "CPU", target.name, "tune", "generated by search", []))
+    ready = [f for f in tune.tunable() if f.needs is None]     # what a route of no family can take
+    regions = region_times(profile)
+    spent = {f.name: sum(regions[r] for r in f.replaces.regions)
+             + sum(median(sum(k.duration_us for k in ks if k.category == c) for ks in tokens) for c in f.replaces.categories)
+             + (median(profile.kernel_pass.plain_host_us) if f.replaces.host else 0.0) for f in ready}
+    assert spent["split_attention"] == regions["attention"] > 0 and spent["constants_once"] > 0
+    saving = {}
+    for f in ready:
+        o, best = tune.outlook(f, census, 4, target, on, profile), choose.foreseen(f, census, 4, target, on)[0][0]
+        assert (o.against, o.best, o.best_us) == (tune.PROFILE, best.flag, best.predicted_us)
+        assert o.against_us == pytest.approx(spent[f.name]) and sum(o.replaced_us.values()) == pytest.approx(o.against_us)
+        assert o.gain_us == pytest.approx(spent[f.name] - best.predicted_us)
+        saving[f.name] = o.gain_us
+    order, left = [], list(ready)
+    while left:
+        order.append(tune.first_of(left, saving))
+        left.remove(order[-1])
+    expected = sorted((n for n in saving if saving[n] > 0), key=lambda n: -saving[n])
+    assert [f.name for f in order] == expected + [f.name for f in ready if f.name not in expected]
+    assert order[0] is BY_NAME["direct_replay"] is not ready[0]
+    # Not recorded, not priced: no host step in the profile, or no profile at all.
+    profile.kernel_pass.plain_host_us = None
+    assert tune.outlook(BY_NAME["direct_replay"], census, 4, target, on, profile).gain_us is None
+    assert tune.NO_PROFILE in tune.outlook(ready[0], census, 4, target, on, None).why
 
 
 def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, tmp_path, profiles, capsys):

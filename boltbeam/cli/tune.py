@@ -20,7 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "settings judged on the whole token against the route so far, within --minutes",
                        description="Writes into --out DIR: " + ", ".join(OUTPUTS) + " (all or none), and the whole-token "
                                    "traces and each step's route under DIR/traces/. Every verdict goes in the ledger; a "
-                                   "second tune on the same ledger reads them and times nothing it judged before.")
+                                   "second tune on the same ledger reads them and times nothing it judged before. The "
+                                   "order: of the families the route can take, first the one whose best setting "
+                                   "FutureSight predicts saves the most against the route's own setting of it, or, where "
+                                   "the route sets none, against the time the route's profile (the first family's "
+                                   "baseline) spends in what the family replaces.")
     model_arg(p)
     p.add_argument("--device", required=True, choices=["CPU", "CUDA"], help="tinygrad device (DEV)")
     p.add_argument("--target", required=True, help="the chip's declared facts (see `boltbeam targets`)")
@@ -34,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"whole tokens per side for the judge (default {JUDGE_TOKENS}, at least 5)")
     p.add_argument("--budget", type=int, metavar="K", help="settings judged per family at most, FutureSight's best "
                    "first (default: every legal one, as time allows)")
-    p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order "
-                   "(default: every one)")
+    p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order of "
+                   "predicted savings (default: every one)")
     p.add_argument("--reference", action="store_true", help="hold each setting's output to llama.cpp's greedy tokens on "
                    "the same prompt ids (its Python binding, llama-cpp-python; decoded once, nothing timed), not only "
                    "to tinygrad's default route's: a setting whose tokens differ is not promoted")
@@ -110,9 +114,7 @@ def _print(done, out) -> None:
     for s in judged:
         if not s.promoted and s.reasons:
             con.print(f"not promoted: {s.family} {s.setting}, {s.verdict}: {escape(s.reasons[0])}")
-    con.print("the order: " + "; ".join(
-        f"{o.family} ({'predicted to save ' + format(o.gain_us, ',.1f') + ' µs' if o.gain_us is not None else 'no saving predicted'})"
-        for o in done.order))
+    con.print("the order: " + "; ".join(escape(_turn(o)) for o in done.order))
     con.print(f"the output: {done.checked_against}")
     if done.start_output:
         con.print(f"tinygrad's own route: {escape(done.start_output)}")
@@ -120,3 +122,16 @@ def _print(done, out) -> None:
               f"({len(done.promoted)} setting(s) promoted); {done.profiles} whole token(s) profiled now, "
               f"{sum(not s.timed for s in judged)} verdict(s) read from the ledger, in {done.seconds:,.0f} s")
     con.print(f"wrote {out / 'route.json'}, {out / 'tune.json'}, {out / 'report.html'}")
+
+
+def _turn(o) -> str:
+    """A family's turn in the order, and what priced it."""
+    from boltbeam.search.tune import ROUTE_SETTING
+    if o.gain_us is None:
+        return f"{o.family} (not priced: {o.why})"
+    if o.against == ROUTE_SETTING:
+        against = f"FutureSight's {o.against_us:,.1f} µs for the route's own setting"
+    else:
+        against = "the route's profile's " + " + ".join(
+            f"{'host step' if part == 'host' else part} {us:,.1f}" for part, us in o.replaced_us.items()) + " µs"
+    return f"{o.family} saves {o.gain_us:,.1f} µs predicted ({against} less FutureSight's {o.best_us:,.1f} µs for {o.best})"

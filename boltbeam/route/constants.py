@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, switch
+from boltbeam.route.family import Family, Replaces, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "constants-once"           # what it adds to a trace's route label
@@ -81,6 +81,6 @@ def foresee(census, once: Once, context: int, target, cal, on=None) -> Foreseen:
 
 
 FAMILY = Family(SPACE, LABEL, "constants_once", install=install, read=switch(Once),
-                of_values=lambda values: Once(**values), foresee=foresee,
+                of_values=lambda values: Once(**values), foresee=foresee, replaces=Replaces(categories=("constant",)),
                 help="compute once the tensors that read nothing (e.g. a rotary table), instead of inside every "
                      "decode token (also on when the route says so)")

@@ -7,7 +7,9 @@ the loader and the whole-token search read every family through that declaration
 A settings type is a frozen dataclass with `flag` (its text on the command line) and `stored()` (its
 data in a route file); the declaration says how one is made from a flag (`parse`), from a route file
 (`read`, with `knobs` or `switch` below) and from its parameters' values in data/spaces.toml
-(`of_values`). A switch family (one setting, on or off) has a flag without a value.
+(`of_values`). A switch family (one setting, on or off) has a flag without a value. What a family's
+settings run in place of what a route without it runs, as a profile of that route records it (`replaces`),
+prices the family before the route sets it (tune's order).
 """
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Replaces:
+    """What a family's settings take over from a route that sets none of them, as a profile of that route records
+    it: the kernels of account's regions (account/compare.py's REGIONS), the kernels of trace categories outside
+    those regions (trace.CATEGORIES), and the host's step before a token's first kernel."""
+    regions: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    host: bool = False
+
+
+@dataclass(frozen=True)
 class Family:
     """One generated family: everything the rest of BoltBeam needs of it."""
     name: str                                    # its table in data/spaces.toml; `search --family NAME`
@@ -48,6 +60,7 @@ class Family:
     needs: Needs | None = None                   # what it builds on
     admits: Callable[[dict[str, int]], bool] = lambda values: True    # whether spaces.toml's values make a setting
     unfit: Callable[[Any, Any], str | None] = lambda census, setting: None   # why the model's shape cannot take one
+    replaces: Replaces | None = None             # None: nothing a profile records prices it
 
     @property
     def flag(self) -> str:

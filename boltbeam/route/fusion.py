@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, fields
 from boltbeam.errors import BadInput
 from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import NORM_READERS, norm_kind
-from boltbeam.route.family import Family, knobs, thread_group_limit
+from boltbeam.route.family import Family, Replaces, knobs, thread_group_limit
 from boltbeam.route.layout import KERNEL_FORM, LayoutLinear, layers, module_at, stacks, taken_by_layout
 from boltbeam.search.future import Calibration, Foreseen
 
@@ -308,6 +308,8 @@ def foresee(census, folded: Fusion, context: int, target, cal: Calibration, on) 
 FAMILY = Family(SPACE, LABEL, "fusion", install=install, read=knobs(Fusion, later=LATER),
                 of_values=lambda values: Fusion(**values), foresee=foresee, metavar="KNOB[+KNOB...]",
                 parse=Fusion.parse, needs=KERNEL_FORM, admits=lambda values: any(values.values()),
+                # the norms' kernels (folded or generated); the kernels gated and inplace remove are foresee's
+                replaces=Replaces(regions=("norms",)),
                 help="fold into the layout's generated kernel (needs --layout ...:kernel), knobs joined by '+': "
                      "`norm` folds each RMS norm whose every reader runs that kernel into those products; `gated` "
                      "makes a dense feed-forward's activation times up one kernel, reading gate and up from that "

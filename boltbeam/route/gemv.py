@@ -38,7 +38,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from boltbeam.errors import BadInput
 from boltbeam.measure.prepared import Prepared
 from boltbeam.route.family import Family
-from boltbeam.route.layout import KERNEL_FORM, SCALE_BYTES, WORD_BITS, WRITTEN_BY, Planes, layers, layout_products
+from boltbeam.route.layout import (KERNEL_FORM, PRODUCTS, SCALE_BYTES, WORD_BITS, WRITTEN_BY, Planes, layers,
+                                   layout_products)
 from boltbeam.search.future import PER_KERNEL_FACT, Calibration, Foreseen, Work, predict
 from boltbeam.units import DIGITS
 
@@ -297,7 +298,7 @@ def foresee(census, geometry: Geometry, context: int, target, cal: Calibration, 
 
 FAMILY = Family(SPACE, LABEL, "gemv", install=install, read=read, of_values=lambda values: Geometry(**values),
                 foresee=foresee, metavar="LANES:ROWS:PER_THREAD:LOAD_BYTES[:SUMS[:STEP[:UNPACK]]]", parse=parse,
-                needs=KERNEL_FORM,
+                needs=KERNEL_FORM, replaces=PRODUCTS,
                 help="the geometry of the layout's generated kernel (needs --layout ...:kernel): threads a row, rows "
                      "a thread group, rows a thread, bytes a load; 1 to compute the input's group sums once (default "
                      "0); groups a lane reads in one step (default 1); 1 to unpack values under a float's exponent "

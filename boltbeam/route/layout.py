@@ -32,8 +32,8 @@ from boltbeam.bound.roofline import formats
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.prepared import Prepared
-from boltbeam.read.roles import SHARED_INPUT
-from boltbeam.route.family import Family, Needs, knobs
+from boltbeam.read.roles import REGIONS, SHARED_INPUT
+from boltbeam.route.family import Family, Needs, Replaces, knobs
 from boltbeam.search.future import Calibration, Foreseen
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
@@ -673,8 +673,13 @@ KERNEL_FORM = Needs("the layout's generated kernel", "--layout SCALES:kernel[:st
                     "a route whose layout form is kernel",
                     lambda settings: "layout" in settings and settings["layout"].form == "kernel")
 
+# What the layout's products (and the gemv geometry of its kernel) run in place of: every weight role's region
+# but the norms', whose 1-D tables it does not take (taken_by_layout).
+PRODUCTS = Replaces(regions=tuple(r for r in REGIONS if r != "norms"))
+
 FAMILY = Family(SPACE, LAYOUT_LABEL, "layout", install=install, read=knobs(Setting, later=("stack",)),
                 of_values=Setting.of_values, foresee=foresee, metavar="SCALES:FORM[:stacked]", parse=Setting.parse,
+                replaces=PRODUCTS,
                 help="repack the quantized linear layers at load into the generated layout (scales float16 or "
                      "float32; gemv form expanded, factored, or kernel: the factored product as one kernel generated "
                      "at tinygrad's UOp level; stacked: the layers a block multiplies by one input in one matrix), "

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, switch
+from boltbeam.route.family import Family, Replaces, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "direct-replay"          # what it adds to a trace's route label
@@ -136,7 +136,7 @@ def foresee(census, direct: Direct, context: int, target, cal, on=None) -> Fores
 
 
 FAMILY = Family(SPACE, LABEL, "direct_replay", install=install, read=switch(Direct),
-                of_values=lambda values: Direct(**values), foresee=foresee,
+                of_values=lambda values: Direct(**values), foresee=foresee, replaces=Replaces(host=True),
                 help="replay the captured decode graphs directly: each token's inputs prepared once, the token fed "
                      "back uncopied and read from its buffer, where tinygrad prepares, copies and lowers again every "
                      "token (also on when the route says so)")

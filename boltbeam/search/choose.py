@@ -94,13 +94,13 @@ def measured_fraction(path: str, target: Target) -> tuple[str, float]:
     bandwidth they reached: the planes' bytes (each read once a token) over the per-token median of
     the weight regions' kernel time."""
     from boltbeam.account.compare import region_times
-    from boltbeam.read.roles import REGIONS
+    from boltbeam.route.layout import PRODUCTS
     trace = tracefile.load(path)
     layout = trace.route.settings.get("families", {}).get(LAYOUT_LABEL)
     if not layout or layout.get("form") not in WRITTEN_BY or not layout.get("bytes"):
         raise BadInput(f"trace {path}: ran no layout whose form and bytes it records")
     times = region_times(trace)
-    us = sum(times[r] for r in REGIONS if r != "norms")
+    us = sum(times[r] for r in PRODUCTS.regions)
     if not us > 0:
         raise BadInput(f"trace {path}: no kernel time on a weight's role")
     return WRITTEN_BY[layout["form"]], layout["bytes"] / (us * 1e-6) / target.bandwidth
@@ -138,6 +138,17 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
         raise BadInput(f"baseline {path}: ran {', '.join(problems)}; the search needs route {label!r} of this model "
                        f"on {device} at context {context}" + (f" with --beam {beam}" if beam else ""))
     return base
+
+
+def profile_route(model: str, device: str, path: str, sha: str, context: int, tokens: int, beam: int,
+                  on: tuple[str, Route] | None) -> tuple[str, Any]:
+    """The whole token on the route `on` (path, route; None: tinygrad's own) profiled in a fresh process into
+    `path`: a baseline (path, trace), as baseline_of reads it."""
+    path_on, route_on = on if on else ("none", None)
+    if failed := profile_elsewhere(model, device, path, "--context", str(context), "--tokens", str(tokens), "--beam",
+                                   str(beam), "--route", path_on):
+        raise Refused(f"profiling the baseline failed: {failed}")
+    return path, baseline_of(path, sha, device, context, beam, route_on)
 
 
 def space(family: Family, target: Target) -> tuple[list, Counter]:
@@ -267,11 +278,8 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         nonlocal baseline
         if baseline is None:
             say("the whole token without the family")
-            path = str(out / "baseline.json")
-            if failed := profile_elsewhere(model, device, path, *flags):
-                raise Refused(f"profiling the baseline failed: {failed}")
+            baseline = profile_route(model, device, str(out / "baseline.json"), sha, context, tokens, beam, on)
             ran()
-            baseline = path, baseline_of(path, sha, device, context, beam, route_on)
         return baseline
     if not recall:
         base()

@@ -6,14 +6,18 @@ BubbleBeam's legal settings, FutureSight's best first, each in a fresh process, 
 ledger); the fastest promoted setting joins the route, and its profile is the next family's baseline.
 
 The order: of the families the route so far can take (what a family builds on is there: gemv and fusion need
-the layout's generated kernel), the one whose best legal setting FutureSight predicts saves the most against
-what the route runs in its place goes first. FutureSight prices a family's own settings, so it predicts a
-saving only where the route already runs one of them; where the route runs tinygrad's own kernels in the
-family's place, their time is known only once the route is profiled, and no saving is predicted: those
-families keep spaces.toml's order (the build order, route/families.py), after any predicted to save. The order
-is FutureSight's alone (the CPU's, before any token runs), so a second tune takes the same one. A family the
-route or the target can never take (no kernel-form layout was promoted; no setting legal there) is skipped
-with the reason.
+the layout's generated kernel), the one whose best legal setting is predicted to save the most against what the
+route runs in its place goes first. Where the route runs a setting of the family, that is FutureSight's
+prediction of the route's setting less the best's. Where it runs none, it is the time a profile of the route so
+far spends in what the family declares it replaces (its Replaces, route/family.py: account's regions, such as
+attention for split attention; kernel categories, such as the constants recomputed every token; the host's step
+before a token's first kernel, for direct replay) less FutureSight's prediction of the best setting. That profile is the baseline the family's settings are judged against, so it costs nothing more:
+the route of no family is profiled before the first family is chosen, not inside its search, and each promoted
+setting's profile is the next one's; where the ledger holds a verdict judged on the route so far, the profile it
+was judged against is read instead, so a second tune on the same ledger profiles nothing and takes the same
+order. A family priced neither way (no profile of the route was made in time; it records no host step) keeps
+spaces.toml's order (the build order, route/families.py), after any predicted to save. A family the route or the
+target can never take (no kernel-form layout was promoted; no setting legal there) is skipped with the reason.
 
 "Output still correct" is the route so far's greedy tokens (so, step by step, tinygrad's default route's), or,
 with a reference (llama.cpp's greedy tokens on the same prompt ids), the reference's. A verdict the ledger
@@ -25,18 +29,19 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
 from boltbeam.judge.judge import reference_gate
 from boltbeam.measure import route as routes
-from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import Route, engine
-from boltbeam.route.family import Family
+from boltbeam.measure.trace import Trace
+from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.choose import (WHOLE_TOKEN, Reference, baseline_of, check_on, choose, foreseen, legal_space,
-                                    with_setting)
+                                    profile_route, route_settings, with_setting)
 
 BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
 DEFAULT_ONLY = "checked against tinygrad's default route only"
@@ -44,7 +49,7 @@ DEFAULT_ONLY = "checked against tinygrad's default route only"
 
 def tunable(names: list[str] | None = None) -> list[Family]:
     """The families tune runs, in spaces.toml's order (the layout before the families that build on its generated
-    kernel), which tune keeps where FutureSight predicts no saving; `names` keeps only those, one line on a name
+    kernel), which tune keeps where no saving is predicted; `names` keeps only those, one line on a name
     that is none of them."""
     every = list(WHOLE_TOKEN.values())
     if names is None:
@@ -80,31 +85,75 @@ class Skip:
     why: str
 
 
+ROUTE_SETTING = "route_setting"   # against FutureSight's prediction of the route's own setting of the family
+PROFILE = "profile"               # against the time the route's profile spends in what the family replaces
+
+
 @dataclass
 class Outlook:
-    """FutureSight's view of a family on the route so far, as its turn came: its best legal setting's prediction,
-    and what that saves against the route's own setting of the family, where the route runs one."""
+    """A family on the route so far, as its turn came: FutureSight's best legal setting and its prediction, and
+    what that is predicted to save against what the route runs in the family's place (`against`: ROUTE_SETTING or
+    PROFILE, `against_us` its time; with PROFILE, `replaced_us` that time by region, category or "host")."""
     family: str
     best: str | None           # its best predicted setting (None: none the model can take)
     best_us: float | None
-    gain_us: float | None      # None: not predicted (why says why)
+    gain_us: float | None      # against_us - best_us; None: not priced (why says why)
+    against: str | None = None
+    against_us: float | None = None
+    replaced_us: dict[str, float] | None = None
     why: str | None = None
 
 
-NOT_PREDICTED = ("FutureSight prices the family's settings, not the tinygrad kernels the route so far runs in their "
-                 "place: their time waits on the route's profile, so it keeps spaces.toml's order")
+KEEPS = "it keeps spaces.toml's order"
+NO_PROFILE = "no profile of the route so far to price what the family replaces (the time was spent before one ran)"
 
 
-def gain(family: Family, census, context: int, target: Target, on: tuple[str, Route]) -> float | None:
-    """FutureSight's predicted saving of the family's best setting on the route `on` (path, route): its prediction
-    of the route's own setting of the family less the best's; None where the route sets none."""
-    settings = of_route(on[1], on[0])
-    if family.key not in settings:
-        return None
-    from boltbeam.search.future import calibration
+def time_in(trace: Trace, replaces: Replaces) -> dict[str, float] | None:
+    """The per-token median time `trace` spends in each part of what a family replaces: each region's kernels, each
+    category's outside those regions, and the host's step before a token's first kernel ("host"); None where that
+    step is asked for and the trace records none."""
+    from boltbeam.account.compare import region_of
+    parts = (*replaces.regions, *replaces.categories)
+    per_token = []
+    for kernels in trace.by_token().values():
+        d = dict.fromkeys(parts, 0.0)
+        for k in kernels:
+            if (r := region_of(k)) in replaces.regions:
+                d[r] += k.duration_us
+            elif k.category in replaces.categories:
+                d[k.category] += k.duration_us
+        per_token.append(d)
+    times = {p: median(d[p] for d in per_token) if per_token else 0.0 for p in parts}
+    if replaces.host:
+        host = trace.kernel_pass.plain_host_us if trace.kernel_pass else None
+        if not host:
+            return None
+        times["host"] = median(host)
+    return times
+
+
+def outlook(family: Family, census, context: int, target: Target, on: tuple[str, Route],
+            profile: Trace | None) -> Outlook:
+    """The family's best legal setting on the route `on` (path, route) and what it is predicted to save: against
+    FutureSight's prediction of the route's own setting of the family where the route sets one, else against the
+    time `profile` (of the route) spends in what the family replaces."""
     candidates, _ = foreseen(family, census, context, target, on)
-    now = family.foresee(census, settings[family.key], context, target, calibration(target.name), settings)
-    return now.us(target) - candidates[0].predicted_us if candidates else None
+    if not candidates:
+        return Outlook(family.name, None, None, None, why=f"no legal setting the model can take: {KEEPS}")
+    best = candidates[0]
+    settings = of_route(on[1], on[0])
+    if family.key in settings:
+        from boltbeam.search.future import calibration
+        now = family.foresee(census, settings[family.key], context, target, calibration(target.name), settings)
+        return Outlook(family.name, best.flag, best.predicted_us, now.us(target) - best.predicted_us, ROUTE_SETTING,
+                       now.us(target))
+    parts = time_in(profile, family.replaces) if profile and family.replaces else None
+    if parts is None:
+        why = ("the family declares nothing it replaces" if family.replaces is None else NO_PROFILE if profile is None
+               else "the route's profile records no host step before a token's first kernel")
+        return Outlook(family.name, best.flag, best.predicted_us, None, why=f"{why}: {KEEPS}")
+    against = sum(parts.values())
+    return Outlook(family.name, best.flag, best.predicted_us, against - best.predicted_us, PROFILE, against, parts)
 
 
 def first_of(ready: list[Family], gains: dict[str, float | None]) -> Family:
@@ -126,7 +175,7 @@ class Tune:
     minutes: float
     checked_against: str = DEFAULT_ONLY   # what "output still correct" held each setting to
     reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
-    start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled now)
+    start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled)
     order: list[Outlook] = field(default_factory=list)    # the families in the order they ran, each as it was chosen
     steps: list[Step] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
@@ -170,8 +219,8 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
          reference: Reference | None = None) -> tuple[Tune, Route]:
-    """Each family judged against the route so far, in FutureSight's order (the module's docstring), within
-    `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
+    """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
+    within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
     each setting's output is held to its tokens."""
     started = time.monotonic()
@@ -203,22 +252,28 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
                 record.skipped.append(Skip(f.name, why_not[f.name]))
                 say(f"skipped {f.name}: {why_not[f.name]}")
             break
-        gains = {f.name: gain(f, census, context, target, on) for f in ready}
-        family = first_of(ready, gains)
+        if baseline is None and any(f.key not in of_route(on[1], on[0]) for f in ready):
+            # the route's profile prices the families it does not set, and is the next family's baseline
+            baseline = ledger_profile(ledger, on, sha, device, context, tokens)
+            if baseline is None and time.monotonic() < deadline:
+                say("the whole token on the route so far")
+                baseline = profile_route(model, device, str(Path(on[0]).with_suffix(".trace.json")), sha, context,
+                                         tokens, BEAM, on)
+                counted()
+        if reference and on[1] is start and record.start_output is None and baseline:
+            # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
+            record.start_output = reference_gate(baseline[1], reference.engine, reference.output_tokens,
+                                                 0.0).sentence
+        outlooks = {f.name: outlook(f, census, context, target, on, baseline and baseline[1]) for f in ready}
+        family = first_of(ready, {name: o.gain_us for name, o in outlooks.items()})
         waiting.remove(family)
-        folder = out / "traces" / f"{len(record.order) + 1}_{family.name}"
+        record.order.append(outlooks[family.name])
+        folder = out / "traces" / f"{len(record.order)}_{family.name}"
         folder.mkdir(parents=True, exist_ok=True)
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
                         budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
                         reference=reference)
-        best = choice.candidates[0] if choice.candidates else None    # FutureSight's best first
-        record.order.append(Outlook(family.name, best and best.flag, best and best.predicted_us, gains[family.name],
-                                    None if gains[family.name] is not None else NOT_PREDICTED))
         record.start_us = record.start_us or choice.baseline_median_us
-        if reference and on[1] is start and record.start_output is None and (folder / "baseline.json").is_file():
-            # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
-            record.start_output = reference_gate(tracefile.load(str(folder / "baseline.json")), reference.engine,
-                                                 reference.output_tokens, 0.0).sentence
         for c in choice.candidates:
             record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
             record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
@@ -234,6 +289,24 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     record.final_us = record.promoted[-1].after_us if record.promoted else record.start_us
     record.seconds = round(time.monotonic() - started, 1)
     return record, on[1]
+
+
+def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int):
+    """The profile of the route `on` (path, route) that the newest verdict the ledger holds on it (this model,
+    device, engine, depth and tokens) was judged against, as a baseline, where the file stands as the ledger hashed
+    it (else None)."""
+    from boltbeam.files import sha256_file
+    from boltbeam.ledger.store import canonical
+    key = {"device": device, "engine": engine(), "model_sha256": sha, "beam": BEAM, "context": context,
+           "tokens": tokens, "route": route_settings(on[1])}
+    for e in reversed(ledger.entries()):
+        if not e.evidence or any(canonical(e.scope.get(k)) != canonical(v) for k, v in key.items()):
+            continue
+        first = e.evidence[0]
+        if Path(first["path"]).is_file() and sha256_file(first["path"]) == first["sha256"] and \
+                (found := _earlier(first["path"], sha, device, context, on[1])):
+            return found
+    return None
 
 
 def _earlier(path: str | None, sha: str, device: str, context: int, route: Route):
