@@ -14,13 +14,9 @@ from typing import Any, Mapping
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import Route, env_off, known_keys
 from boltbeam.route import constants, fusion, gemv, layout, replay, split_attention
-from boltbeam.route.family import Family, Replaces
+from boltbeam.route.family import Family
 
-# What split attention replaces, declared here until its module's declaration takes it: the attention region's
-# kernels (the cache's readers, the KV write and the rotary step).
-SPLIT_ATTENTION = dataclasses.replace(split_attention.FAMILY, replaces=Replaces(regions=("attention",)))
-
-FAMILIES: tuple[Family, ...] = (layout.FAMILY, gemv.FAMILY, fusion.FAMILY, constants.FAMILY, SPLIT_ATTENTION,
+FAMILIES: tuple[Family, ...] = (layout.FAMILY, gemv.FAMILY, fusion.FAMILY, constants.FAMILY, split_attention.FAMILY,
                                 replay.FAMILY)
 BY_NAME = {f.name: f for f in FAMILIES}
 

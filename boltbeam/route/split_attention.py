@@ -6,7 +6,7 @@ import dataclasses
 
 from boltbeam.route import attention
 from boltbeam.route.attention import KNOBS, LABEL, SPACE, Split
-from boltbeam.route.family import Family, knobs
+from boltbeam.route.family import Family, Replaces, knobs
 from boltbeam.route.layout import taken_groups
 from boltbeam.search.future import LOAD_BYTES, Calibration, Foreseen, Work, predict
 
@@ -66,6 +66,7 @@ FAMILY = Family(SPACE, LABEL, "split_attention", install=attention.install, read
                         "[:rotary[:pooled]]",
                 parse=Split.parse, admits=Split.admits,
                 unfit=lambda census, s: s.unfit(census.facts.head_dim) if s.kernel else None,
+                replaces=Replaces(regions=("attention",)),     # the cache's readers, the KV write, the rotary step
                 help="decode attention split over the sequence in chunks of CHUNK positions, each read by its own "
                      "groups, then combined; `:staged` writes each chunk's partial results to buffers of their own "
                      "before the combine; `:carried` sums the exponentials as a column of ones beside the values "
