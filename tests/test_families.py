@@ -269,6 +269,23 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     assert taken and b["float32:expanded"] - b["float16:expanded"] == 4 * groups
 
 
+def test_burst_local_memory_counts_the_caches_float32_values(tiny_model, monkeypatch):
+    """tinygrad.llm's cache holds float32: burst's values in local memory take four bytes each, and a setting that
+    fits only with two-byte values is refused before the model loads, in one line."""
+    from tinygrad import Device
+    from boltbeam.route import attention
+    census = take_census(tiny_model)
+    f = census.facts
+    group, setting = f.heads // f.kv_heads, attention.Split(f.head_dim, kernel=True, burst=True)
+    halves, floats = (attention.burst_local_bytes(group, f.head_dim, f.head_dim, b) for b in (2, 4))
+    monkeypatch.setattr(attention, "thread_group_limit", lambda why: 1024)
+    monkeypatch.setattr(Device[Device.DEFAULT].renderer, "shared_max", (halves + floats) // 2)
+    with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* values of 4 bytes.*allows"):
+        attention._check_threads(census, tiny_model, setting)
+    monkeypatch.setattr(Device[Device.DEFAULT].renderer, "shared_max", floats)
+    attention._check_threads(census, tiny_model, setting)
+
+
 def test_futuresight_on_split_attention_settings(tiny_model):
     """The cache read by whole chunks (more padding with longer chunks) and the kernels the compiler
     schedules (two more a block when staged)."""

@@ -450,12 +450,12 @@ def burst_runs(group: int, head_dim: int, chunk: int) -> int:
     return -(-chunk * (head_dim // WIDE_KEYS) // (group * head_dim))
 
 
-def burst_local_bytes(group: int, head_dim: int, chunk: int) -> int:
+def burst_local_bytes(group: int, head_dim: int, chunk: int, value_bytes: int) -> int:
     """The local memory a group of the burst partials holds: every query head's parts of the scores, the values (in
-    the cache's halves), the scores and the exponentials."""
+    the cache's type, of `value_bytes`), the scores and the exponentials."""
     threads = group * head_dim
     runs = burst_runs(group, head_dim, chunk) * threads
-    return 4 * group * runs + 2 * runs * WIDE_KEYS + 2 * 4 * threads
+    return 4 * group * runs + value_bytes * runs * WIDE_KEYS + 2 * 4 * threads
 
 
 def combine(f: Decode, Y, O, M, Z=None):
@@ -526,12 +526,12 @@ def spread_lanes(chunks: int) -> int:
 
 def spread_combine(f: Decode, Y, O, M, Z):
     """A group a query head and slice of Ds dimensions (Ds = spread_slice(Hd)), R = spread_lanes(C) threads a dimension,
-    lane r taking the chunks r, r + R, ...: each lane's own maximum over its chunks, then its weighted values and
-    sums rescaled to that maximum, through local memory; each thread then rescales the lanes' sums of its
-    dimension to their maximum (every thread of a dimension writes the same value), in the query's type. More
-    groups than lanes_combine's one a query head, and a lane's loop over its chunks R times shorter:
-    a loop waits on each load (latency, not bytes), so the chunks' count, not their bytes, set lanes_combine's time."""
-    from tinygrad import UOp
+    lane r taking the chunks r, r + R, ...: each lane's maximum over its chunks through local memory, their maximum
+    read back by every thread; then each lane's weighted values and sums rescaled to it, through local memory, and
+    each thread's dimension summed over the lanes (every thread of a dimension writes the same value), in the
+    query's type. More groups than lanes_combine's one a query head, and a lane's loops over its chunks R times
+    shorter: a loop waits on each load (latency, not bytes)."""
+    from tinygrad import UOp, dtypes
     from tinygrad.uop.ops import AxisType, KernelInfo, Ops
     Y, O, M, Z = (b.flatten() for b in (Y, O, M, Z))
     R, Ds, Hd, C, n = spread_lanes(f.C), spread_slice(f.Hd), f.Hd, f.C, f.n
@@ -541,24 +541,18 @@ def spread_combine(f: Decode, Y, O, M, Z):
     chunk = lambda k: r + k * R                     # lane r's k-th chunk
     live = lambda c: c < n
     at = lambda c: (h * C + c).valid(live(c))
-
-    def lane_max(k):
-        c = chunk(k)
-        return live(c).where(M[at(c)], float("-inf"))
-    m = _fold(Ops.MAX, steps, 0, lane_max)          # -inf for a lane without a chunk (n < R)
+    Ml = _local(0, R * Ds, t, _fold(Ops.MAX, steps, 0, lambda k: live(chunk(k)).where(M[at(chunk(k))], float("-inf"))))
+    rt = UOp.range(R, 2, AxisType.UNROLL)
+    top = Ml[rt * Ds + dl].reduce(rt, arg=Ops.MAX)  # (a lane without a chunk holds -inf)
 
     def sums(k):
         c = chunk(k)
-        w = live(c).where((M[at(c)] - m).exp(), 0.0)
+        w = live(c).where((M[at(c)] - top).exp(), 0.0)      # the chunk's share of one softmax
         return O[((h * C + c) * Hd + d).valid(live(c))] * w, Z[at(c)] * w
     acc, z = _fold(Ops.ADD, steps, 1, sums)
-    Ml = _local(0, R * Ds, t, m)
-    B, Bz = _local(1, R * Ds, t, acc), _local(2, R * Ds, t, z)
-    rt = UOp.range(R, 2, AxisType.UNROLL)
-    top = Ml[rt * Ds + dl].reduce(rt, arg=Ops.MAX)
-    ra, rz = UOp.range(R, 3, AxisType.UNROLL), UOp.range(R, 4, AxisType.UNROLL)
-    share = lambda rr: (Ml[rr * Ds + dl] - top).exp()   # a lane's share of one softmax (0 for a lane without a chunk)
-    out = (B[ra * Ds + dl] * share(ra)).reduce(ra, arg=Ops.ADD) / (Bz[rz * Ds + dl] * share(rz)).reduce(rz, arg=Ops.ADD)
+    B, Bz = _stored_together((1, R * Ds, dtypes.float, [(t, acc, ())]), (2, R * Ds, dtypes.float, [(t, z, ())]))
+    rr = UOp.range(R, 3, AxisType.UNROLL)
+    out = B[rr * Ds + dl].reduce(rr, arg=Ops.ADD) / Bz[rr * Ds + dl].reduce(rr, arg=Ops.ADD)
     return Y[h * Hd + d].store(out.cast(Y.dtype.base)).sink(
         arg=KernelInfo(name=f"attention_combine_{C}_spread{R}x{Ds}", opts_to_apply=()))
 
@@ -682,7 +676,7 @@ def _split_decode_attention(split: Split, total: int, taken):
 def _check_threads(census, model_path: str, setting: Split) -> None:
     """The generated kernel needs thread groups with local memory, and a group for a chunk's positions
     times the query heads a key head serves: one line where the device or the model rules it out."""
-    from tinygrad import Device
+    from tinygrad import Device, dtypes
     most = thread_group_limit(f"--split-attention {setting.flag}")
     f = census.facts
     group = f.heads // max(1, f.kv_heads)
@@ -691,11 +685,12 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {threads} threads a group ({group} "
                        f"query heads a key head x {f.head_dim if setting.lanes or setting.burst else setting.chunk} "
                        f"{'dimensions' if setting.lanes or setting.burst else 'positions'}); device {Device.DEFAULT} allows {most}")
-    if setting.burst and (local := burst_local_bytes(group, f.head_dim, setting.chunk)) > (
+    # (tinygrad.llm makes its cache of the default float type: float32)
+    if setting.burst and (local := burst_local_bytes(group, f.head_dim, setting.chunk, dtypes.default_float.itemsize)) > (
             room := Device[Device.DEFAULT].renderer.shared_max):
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} holds {local} bytes of local memory a "
-                       f"group ({group} query heads a key head, {f.head_dim} dimensions, chunks of {setting.chunk}); "
-                       f"device {Device.DEFAULT} allows {room}")
+                       f"group ({group} query heads a key head, {f.head_dim} dimensions, chunks of {setting.chunk}, the "
+                       f"cache's values of {dtypes.default_float.itemsize} bytes); device {Device.DEFAULT} allows {room}")
     combine = (SPREAD_LANES, spread_slice(f.head_dim)) if setting.burst else (COMBINE_LANES, f.head_dim) if setting.lanes else None
     if combine and combine[0] * combine[1] > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with up to {combine[0]} threads "
