@@ -269,21 +269,27 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     assert taken and b["float32:expanded"] - b["float16:expanded"] == 4 * groups
 
 
-def test_burst_local_memory_counts_the_caches_float32_values(tiny_model, monkeypatch):
-    """tinygrad.llm's cache holds float32: burst's values in local memory take four bytes each, and a setting that
-    fits only with two-byte values is refused before the model loads, in one line."""
-    from tinygrad import Device
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_burst_local_memory_counts_the_caches_values(dtype, monkeypatch):
+    """Burst holds a chunk's values in local memory in the cache's type (tinygrad.llm's float32; half_cache's
+    float16): a chunk that fits only at two bytes a value is refused on a float32 cache, in one line, before any
+    kernel is built."""
+    from tinygrad import Device, Tensor, UOp, dtypes
     from boltbeam.route import attention
-    census = take_census(tiny_model)
-    f = census.facts
-    group, setting = f.heads // f.kv_heads, attention.Split(f.head_dim, kernel=True, burst=True)
-    halves, floats = (attention.burst_local_bytes(group, f.head_dim, f.head_dim, b) for b in (2, 4))
-    monkeypatch.setattr(attention, "thread_group_limit", lambda why: 1024)
-    monkeypatch.setattr(Device[Device.DEFAULT].renderer, "shared_max", (halves + floats) // 2)
-    with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* values of 4 bytes.*allows"):
-        attention._check_threads(census, tiny_model, setting)
-    monkeypatch.setattr(Device[Device.DEFAULT].renderer, "shared_max", floats)
-    attention._check_threads(census, tiny_model, setting)
+    kv_heads, group, head_dim, positions, chunk = 1, 2, 16, 32, 16
+    halves, floats = (attention.burst_local_bytes(group, head_dim, chunk, b) for b in (2, 4))
+    monkeypatch.setattr(Device["PYTHON"].renderer, "shared_max", (halves + floats) // 2)
+    cache = Tensor.empty(2, 1, kv_heads, positions, head_dim, dtype=dtypes.float16 if dtype == "float16" else dtypes.float32,
+                         device="PYTHON")
+    p = UOp.variable("start_pos", 0, positions - 1).bind(20)
+    written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(cache[:, :, :, 0:1, :].contiguous().uop)))
+    build = lambda: attention.decode_kernels(Tensor.empty(1, kv_heads * group, 1, head_dim, device="PYTHON"),
+                                             written[0, :, :, 0:p + 1, :], chunk, burst=True)
+    if dtype == "float32":
+        with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* a cache of float.*allows"):
+            build()
+    else:
+        build()
 
 
 def test_futuresight_on_split_attention_settings(tiny_model):

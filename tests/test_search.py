@@ -208,8 +208,8 @@ def test_malformed_families_are_bad_input(text, message):
 
 def test_only_tinygrad_opts_families_are_searched_per_kernel():
     known = families()
-    assert set(known) == {"tinygrad_opts", "repacked_layout", "split_attention", "gemv", "fusion", "constants_once", "direct_replay",
-                          "flash_attention_tile"}
+    assert set(known) == {"tinygrad_opts", "repacked_layout", "split_attention", "gemv", "fusion", "constants_once",
+                          "half_cache", "direct_replay", "flash_attention_tile"}
     with pytest.raises(BadInput, match="expressed by generated-layout"):
         searchable("repacked_layout")     # `search --family repacked_layout` judges it whole (search/choose.py)
     with pytest.raises(BadInput, match="expressed by generated-layout"):

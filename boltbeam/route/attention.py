@@ -589,12 +589,17 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
     once) and spread_combine; none: narrow_partials and the narrow combine. `unrolled` (with wide, lanes or burst):
     the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes, the combine's
     loops over the chunks COMBINE_STEP chunks a step, written out (spread_combine's loops are short: kept)."""
-    from tinygrad import Tensor, dtypes
+    from tinygrad import Device, Tensor, dtypes
     B, H, _, Hd = q.shape
     if why := unfit(chunk, Hd, wide, lanes, burst):
         raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
     form = FORMS["burst" if burst else "lanes" if lanes else "wide" if wide else "narrow"]
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
+    if burst and (local := burst_local_bytes(H // k.shape[1], Hd, chunk, cache.dtype.itemsize)) > (
+            room := Device[q.device].renderer.shared_max):    # (the cache's type: tinygrad.llm's float32, or half_cache's)
+        raise BadInput(f"split attention's burst form at chunks of {chunk} holds {local} bytes of local memory a group "
+                       f"({H // k.shape[1]} query heads a key head, {Hd} dimensions, a cache of {cache.dtype.name}); "
+                       f"device {q.device} allows {room}")
     f = Decode(H, k.shape[1], Hd, cache.shape[3], chunk, form.row(Hd, chunk), k.shape[2].unbind_all()[0], unrolled)
     buffer = lambda *shape, dtype=dtypes.float32: Tensor.empty(*shape, dtype=dtype, device=q.device)
     sums = (buffer(H, f.C),) if form.sums_apart else ()
@@ -676,7 +681,7 @@ def _split_decode_attention(split: Split, total: int, taken):
 def _check_threads(census, model_path: str, setting: Split) -> None:
     """The generated kernel needs thread groups with local memory, and a group for a chunk's positions
     times the query heads a key head serves: one line where the device or the model rules it out."""
-    from tinygrad import Device, dtypes
+    from tinygrad import Device
     most = thread_group_limit(f"--split-attention {setting.flag}")
     f = census.facts
     group = f.heads // max(1, f.kv_heads)
@@ -685,12 +690,6 @@ def _check_threads(census, model_path: str, setting: Split) -> None:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} needs {threads} threads a group ({group} "
                        f"query heads a key head x {f.head_dim if setting.lanes or setting.burst else setting.chunk} "
                        f"{'dimensions' if setting.lanes or setting.burst else 'positions'}); device {Device.DEFAULT} allows {most}")
-    # (tinygrad.llm makes its cache of the default float type: float32)
-    if setting.burst and (local := burst_local_bytes(group, f.head_dim, setting.chunk, dtypes.default_float.itemsize)) > (
-            room := Device[Device.DEFAULT].renderer.shared_max):
-        raise BadInput(f"model {model_path}: --split-attention {setting.flag} holds {local} bytes of local memory a "
-                       f"group ({group} query heads a key head, {f.head_dim} dimensions, chunks of {setting.chunk}, the "
-                       f"cache's values of {dtypes.default_float.itemsize} bytes); device {Device.DEFAULT} allows {room}")
     combine = (SPREAD_LANES, spread_slice(f.head_dim)) if setting.burst else (COMBINE_LANES, f.head_dim) if setting.lanes else None
     if combine and combine[0] * combine[1] > most:
         raise BadInput(f"model {model_path}: --split-attention {setting.flag} combines with up to {combine[0]} threads "

@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.route import Route, env_off, known_keys
-from boltbeam.route import constants, fusion, gemv, layout, replay, split_attention
+from boltbeam.route import constants, fusion, gemv, half_cache, layout, replay, split_attention
 from boltbeam.route.family import Family
 
-FAMILIES: tuple[Family, ...] = (layout.FAMILY, gemv.FAMILY, fusion.FAMILY, constants.FAMILY, split_attention.FAMILY,
-                                replay.FAMILY)
+FAMILIES: tuple[Family, ...] = (layout.FAMILY, gemv.FAMILY, fusion.FAMILY, constants.FAMILY, half_cache.FAMILY,
+                                split_attention.FAMILY, replay.FAMILY)
 BY_NAME = {f.name: f for f in FAMILIES}
 
 # What a command line says of the families, a field each by its key: the flag's text (True for a switch),

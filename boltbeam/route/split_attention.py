@@ -11,7 +11,7 @@ from boltbeam.route.layout import taken_groups
 from boltbeam.search.future import LOAD_BYTES, Calibration, Foreseen, Work, predict
 
 # A cached key or value element as tinygrad.llm holds it: its cache is made of the default float type (float32),
-# twice the float16 element the bound counts (found on the H200: bench/h200/s16/).
+# twice the float16 element the bound counts (found on the H200: bench/h200/s16/); half_cache holds float16.
 KV_BYTES = 4
 
 
@@ -20,10 +20,12 @@ def foresee(census, split: Split, context: int, target, cal: Calibration, on=Non
     compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
     a combine that reduces over every position in few outputs keeps few bytes in flight)."""
     from boltbeam.measure.tinygrad_run import kv_positions
+    from boltbeam.route import half_cache
     f = census.facts
+    element = half_cache.VALUE_BYTES if half_cache.FAMILY.key in (on or {}) else KV_BYTES     # the cache's, as held
     # Tensor code reads whole chunks; the generated kernel's loads stop at the position.
     positions = context + 1 if split.kernel else -(-(context + 1) // split.chunk) * split.chunk
-    nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * KV_BYTES
+    nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * element
     cache = kv_positions(census, context + 1)
     kernels = attention.scheduled(split, f.heads, f.kv_heads, f.head_dim, cache, context)
     readers = [k for k in kernels if k.reads_cache]
@@ -36,10 +38,10 @@ def foresee(census, split: Split, context: int, target, cal: Calibration, on=Non
     if split.kernel:    # as many loads in flight a thread as calibrated at LOAD_BYTES each, but of the kernel's width;
         # burst, its runs of keys and values, all at once; unrolled, a thread's whole key row at once; lanes, its run
         # of a key row (chunk keys), written out
-        load = KV_BYTES * (attention.WIDE_KEYS if split.wide or split.burst else 1)
+        load = element * (attention.WIDE_KEYS if split.wide or split.burst else 1)
         runs = attention.burst_runs(f.heads // max(1, f.kv_heads), f.head_dim, split.chunk) if split.burst else 0
-        in_flight = (2 * runs * load if split.burst else f.head_dim * KV_BYTES if split.unrolled
-                     else split.chunk * KV_BYTES if split.lanes else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
+        in_flight = (2 * runs * load if split.burst else f.head_dim * element if split.unrolled
+                     else split.chunk * element if split.lanes else cal.bytes_in_flight_per_thread * load // LOAD_BYTES)
         cal = dataclasses.replace(cal, bytes_in_flight_per_thread=max(1, in_flight))
     sights = [predict(Work(per_reader, 0, k.outputs), grouped, target, cal) for k in readers]
     terms = tuple(dict.fromkeys(t for p in sights for t in p.terms))

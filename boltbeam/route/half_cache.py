@@ -1,0 +1,80 @@
+"""Half cache: the KV cache held in float16, where tinygrad.llm holds it in float32.
+
+tinygrad.llm's block makes its cache on its first call with `Tensor.empty` and no type, so of the default float
+type, float32: twice the bytes of the float16 element the bound counts (and llama.cpp holds). At depth a decode
+token reads the whole cache so far (on the H200 at depth 4096, 1.21 GB of the route's 4.5 ms token,
+bench/h200/s16/). This family has each block's cache made in float16 right after the block's own state
+initialisation, before anything writes it: tinygrad casts every key and value stored into it (the prefill's and
+the decode step's, or the rotary kernel's own cast) and every reader casts them back up. A switch: on or off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from boltbeam.errors import BadInput
+from boltbeam.measure.prepared import Prepared
+from boltbeam.route.family import Family, Replaces, switch
+from boltbeam.search.future import Foreseen
+
+LABEL = "half-cache"           # what it adds to a trace's route label
+SPACE = "half_cache"           # its one knob: data/spaces.toml
+VALUE_BYTES = 2                # a cached key or value element in float16
+
+
+@dataclass(frozen=True)
+class Half:
+    """The family's setting, as the search judges it (profile --half-cache; the route's half_cache)."""
+    half: int = 1
+
+    def __post_init__(self):
+        from boltbeam.search.space import check_knobs
+        check_knobs(self, SPACE)
+
+    @property
+    def flag(self) -> str:
+        return "half"
+
+    def stored(self) -> bool:
+        return True
+
+
+def install(net, census=None, model_path: str | None = None, setting: Half | None = None) -> Prepared:
+    """Wrap each block's state initialisation so the cache it makes is remade in float16 before any use."""
+    from tinygrad import Tensor, dtypes
+    prepared = Prepared(LABEL, {})
+    for block in getattr(net, "blk", []):
+        init = getattr(block, "_init_state", None)
+        if init is None:
+            continue
+        prepared.eligible += 1
+
+        def init_then_halve(x, init=init, block=block):
+            init(x)
+            cache = getattr(block, "cache_kv", None)
+            if cache is not None and cache.dtype != dtypes.half:       # (its first call: nothing has written it)
+                block.cache_kv = Tensor.empty(*cache.shape, dtype=dtypes.half, device=cache.device)
+                prepared.applied += 1
+                prepared.bytes += block.cache_kv.nbytes()
+        block._init_state = init_then_halve
+    if not prepared.eligible:
+        raise BadInput(f"model {model_path}: no block makes a KV cache of its own: nothing to hold in float16")
+    return prepared
+
+
+def foresee(census, half: Half, context: int, target, cal, on=None) -> Foreseen:
+    """The cache a decode token reads, at two bytes an element: priced by split attention's own term where the
+    route splits it (its kernels on the float16 cache), else as the cache's bytes at the bandwidth."""
+    from boltbeam.route import split_attention
+    settings = dict(on or {})
+    if split_attention.FAMILY.key in settings:
+        settings[FAMILY.key] = half
+        return split_attention.foresee(census, settings[split_attention.FAMILY.key], context, target, cal, settings)
+    f = census.facts
+    nbytes = f.blocks * (context + 1) * f.kv_heads * (f.head_dim + f.value_dim) * VALUE_BYTES
+    return Foreseen(nbytes, 0, nbytes / target.bandwidth * 1e6, ("the float16 cache at the bandwidth",))
+
+
+FAMILY = Family(SPACE, LABEL, "half_cache", install=install, read=switch(Half), of_values=lambda v: Half(**v),
+                foresee=foresee, replaces=Replaces(regions=("attention",)),
+                help="hold each block's KV cache in float16 (tinygrad.llm holds it in float32): half the bytes "
+                     "a decode token's attention reads at depth")
