@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Planned for the next device session (written 2026-12-06, not yet run): the float16 KV cache (`--half-cache`,
+# issue 31) on the whole token. In the background, the 8B-shaped file's token on the recorded route
+# (../rotary/route.json, its BEAM choices imported from ../s16/run/beam_cache.json) at depth 4096: the route as it
+# is, with --half-cache, with --half-cache and 64:kernel:burst:rotary (its values fit local memory in float16); then
+# the route and the route with --half-cache again (a second process each: s16 saw 2.4% between two processes of one
+# route); then depth 512, the route and --half-cache. Each accounted on this GPU's target (~200 s a profile at 4096,
+# ~125 at 512: ~1,250 s in all). The greedy tokens of each trace (`output_tokens`) are compared with the route's own.
+#   call A: bash bench/h200/s17/s17.sh start     (carry .whl)
+#   call B...: bash bench/h200/s17/s17.sh wait S   (models.sh's wait: S seconds at most, packs what is new into $OUT)
+set -u
+export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
+source bench/h200/models.sh none            # stage, profile
+case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) export TARGET=h100-sxm ;; *) export TARGET=h200 ;; esac
+ROUTE=(--route bench/h200/rotary/route.json)
+case $1 in
+  start)
+    mkdir -p "$O" && touch "$RUN/last_pack"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    (setsid nohup bash bench/h200/s17/s17.sh run > "$O/run.log" 2>&1 < /dev/null &)
+    sleep 5; cat "$O/run.log" ;;
+  run)
+    [ -e /tmp/m.gguf ] || stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
+    python3 bench/h200/beam_cache.py import bench/h200/s16/run/beam_cache.json
+    profile 8b.4096.route /tmp/m.gguf --context 4096 "${ROUTE[@]}"
+    profile 8b.4096.half /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache
+    profile 8b.4096.half.burst64 /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache --split-attention 64:kernel:burst:rotary
+    profile 8b.4096.route2 /tmp/m.gguf --context 4096 "${ROUTE[@]}"
+    profile 8b.4096.half2 /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache
+    profile 8b.512.route /tmp/m.gguf --context 512 "${ROUTE[@]}"
+    profile 8b.512.half /tmp/m.gguf --context 512 "${ROUTE[@]}" --half-cache
+    touch "$O/run.done" ;;
+  wait)
+    bash bench/h200/models.sh wait "$2" ;;
+esac
