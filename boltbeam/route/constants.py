@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, Replaces, switch
+from boltbeam.route.family import Family, Replaces, Switch, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "constants-once"           # what it adds to a trace's route label
@@ -21,20 +22,10 @@ SPACE = "constants_once"           # its one knob: data/spaces.toml
 
 
 @dataclass(frozen=True)
-class Once:
+class Once(Switch):
     """The family's setting, as the search judges it (profile --constants-once; the route's constants_once)."""
+    SPACE: ClassVar[str] = SPACE
     once: int = 1
-
-    def __post_init__(self):
-        from boltbeam.search.space import check_knobs
-        check_knobs(self, SPACE)
-
-    @property
-    def flag(self) -> str:
-        return "once"
-
-    def stored(self) -> bool:
-        return True
 
 
 def is_constant(t) -> bool:

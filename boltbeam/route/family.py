@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from boltbeam.errors import BadInput
 
@@ -97,6 +97,24 @@ def knobs(kind, later: tuple[str, ...] = ()) -> Callable[[Any, str], Any]:
                            + (f" (and {', '.join(later)}, which may be left out)" if later else ""))
         return kind(**data)
     return read
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The one setting of a switch family (on or off): a subclass names its table of data/spaces.toml (SPACE) and
+    declares its one knob as its one field, 1 by default; the knob's name is its flag's text."""
+    SPACE: ClassVar[str]
+
+    def __post_init__(self):
+        from boltbeam.search.space import check_knobs
+        check_knobs(self, self.SPACE)
+
+    @property
+    def flag(self) -> str:
+        return dataclasses.fields(self)[0].name
+
+    def stored(self) -> bool:
+        return True
 
 
 def switch(kind) -> Callable[[Any, str], Any]:

@@ -10,10 +10,11 @@ the decode step's, or the rotary kernel's own cast) and every reader casts them 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, Replaces, switch
+from boltbeam.route.family import Family, Replaces, Switch, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "half-cache"           # what it adds to a trace's route label
@@ -22,20 +23,10 @@ VALUE_BYTES = 2                # a cached key or value element in float16
 
 
 @dataclass(frozen=True)
-class Half:
+class Half(Switch):
     """The family's setting, as the search judges it (profile --half-cache; the route's half_cache)."""
+    SPACE: ClassVar[str] = SPACE
     half: int = 1
-
-    def __post_init__(self):
-        from boltbeam.search.space import check_knobs
-        check_knobs(self, SPACE)
-
-    @property
-    def flag(self) -> str:
-        return "half"
-
-    def stored(self) -> bool:
-        return True
 
 
 def install(net, census=None, model_path: str | None = None, setting: Half | None = None) -> Prepared:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, Replaces, switch
+from boltbeam.route.family import Family, Replaces, Switch, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "direct-replay"          # what it adds to a trace's route label
@@ -33,20 +34,10 @@ SPACE = "direct_replay"          # its one knob: data/spaces.toml
 
 
 @dataclass(frozen=True)
-class Direct:
+class Direct(Switch):
     """The family's setting, as the search judges it (profile --direct-replay; the route's direct_replay)."""
+    SPACE: ClassVar[str] = SPACE
     direct: int = 1
-
-    def __post_init__(self):
-        from boltbeam.search.space import check_knobs
-        check_knobs(self, SPACE)
-
-    @property
-    def flag(self) -> str:
-        return "direct"
-
-    def stored(self) -> bool:
-        return True
 
 
 class _Replayer:
