@@ -4,10 +4,11 @@ variable as in decode, timed over REPS replays (synchronized, so a replay's laun
 checked against tinygrad's attention. Not a route: a yardstick for the split attention family's kernel
 forms before a whole token is judged (under Nsight Compute, each kernel's own time).
 
-    DEV=CUDA [FORMS="32:kernel:wide 32:kernel:lanes"] python bench/h200/attention_kernels.py OUT.json \
+    DEV=CUDA [FORMS="32:kernel:wide 32:kernel:lanes"] [CACHE=float32] python bench/h200/attention_kernels.py OUT.json \
         [KV_HEADS GROUP HEAD_DIM POSITIONS DEPTH LAYERS REPS]
     (defaults: every generated form at chunks of 16 and 32 and lanes at 64; the 8B's 8 key heads of 4 query heads,
-    128 dimensions, a 4,096-position cache, depth 540 (512 + the prompt), 36 layers, 50 replays; on the CPU:
+    128 dimensions, a 4,096-position cache, depth 540 (512 + the prompt), 36 layers, 50 replays; the cache in float16
+    (as half_cache holds it; CACHE=float32: as tinygrad.llm holds it); on the CPU:
     DEV=PYTHON with small numbers, e.g. FORMS=16:kernel:lanes ... 2 2 16 64 40 2 2)
 """
 import json
@@ -28,16 +29,19 @@ FORMS = [f"{c}:kernel{form}" for c in (16, 32) for form in ("", ":wide", ":wide:
 
 def main(out: str, kv_heads=8, group=4, head_dim=128, positions=4096, depth=540, layers=36, reps=50) -> None:
     dev = Device.DEFAULT
-    caches = [Tensor.randn(2, 1, kv_heads, positions, head_dim, dtype=dtypes.half).realize() for _ in range(layers)]
+    cache = os.environ.get("CACHE", "float16")
+    cache_type = {"float16": dtypes.half, "float32": dtypes.float32}[cache]
+    caches = [Tensor.randn(2, 1, kv_heads, positions, head_dim, dtype=cache_type).realize() for _ in range(layers)]
     q = Tensor.randn(1, kv_heads * group, 1, head_dim, dtype=dtypes.half).realize()
-    x = Tensor.randn(2, 1, kv_heads, 1, head_dim, dtype=dtypes.half).realize()
+    x = Tensor.randn(2, 1, kv_heads, 1, head_dim, dtype=cache_type).realize()
     pos = UOp.variable("start_pos", 0, positions - 1)
     forms = os.environ.get("FORMS", " ".join(FORMS)).split()
-    record = {"command": f"DEV={dev} FORMS='{' '.join(forms)}' python bench/h200/attention_kernels.py {' '.join(sys.argv[1:])}",
+    record = {"command": f"DEV={dev} FORMS='{' '.join(forms)}' CACHE={cache} python bench/h200/attention_kernels.py "
+                         f"{' '.join(sys.argv[1:])}",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
               "device": dev, "python": platform.python_version(), "tinygrad": version("tinygrad"),
               "shape": {"kv_heads": kv_heads, "group": group, "head_dim": head_dim, "positions": positions,
-                        "depth": depth, "layers": layers, "reps": reps}, "forms": {}}
+                        "depth": depth, "layers": layers, "reps": reps, "cache": cache}, "forms": {}}
     for form in forms:
         split = Split.parse(form)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Planned for the next device session (written 2026-12-06, not yet run): the float16 KV cache (`--half-cache`,
-# issue 31) on the whole token. In the background, the 8B-shaped file's token on the recorded route
+# issue 31) on the whole token. First the attention forms alone at depth 4096 on a float32 cache (the model's now)
+# and a float16 one (attention_kernels.py, the cache of 4,160 positions the model's is at that depth). In the background, the 8B-shaped file's token on the recorded route
 # (../rotary/route.json, its BEAM choices imported from ../s16/run/beam_cache.json) at depth 4096: the route as it
 # is, with --half-cache, with --half-cache and 64:kernel:burst:rotary (its values fit local memory in float16); then
 # the route and the route with --half-cache again (a second process each: s16 saw 2.4% between two processes of one
@@ -18,10 +19,15 @@ case $1 in
     mkdir -p "$O" && touch "$RUN/last_pack"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
     (setsid nohup bash bench/h200/s17/s17.sh run > "$O/run.log" 2>&1 < /dev/null &)
-    sleep 5; cat "$O/run.log" ;;
+    for cache in float32 float16; do      # the forms alone on each cache (the background waits for these)
+      CACHE=$cache FORMS="32:kernel:lanes 32:kernel:burst 64:kernel:burst" timeout 200 python3 \
+        bench/h200/attention_kernels.py "$O/attention_${cache}_4096.json" 8 4 128 4160 4096 36 50 2>&1 | tail -4
+    done
+    touch "$O/attention.done"; cp "$O"/attention_*.json "$OUT"/ ;;
   run)
     [ -e /tmp/m.gguf ] || stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
     python3 bench/h200/beam_cache.py import bench/h200/s16/run/beam_cache.json
+    while [ ! -e "$O/attention.done" ]; do sleep 2; done
     profile 8b.4096.route /tmp/m.gguf --context 4096 "${ROUTE[@]}"
     profile 8b.4096.half /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache
     profile 8b.4096.half.burst64 /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache --split-attention 64:kernel:burst:rotary
