@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Planned for the next device session (written 2026-12-06, not yet run): the float16 KV cache (`--half-cache`,
 # issue 31) on the whole token. First the attention forms alone at depth 4096 on a float32 cache (the model's now)
-# and a float16 one (attention_kernels.py, the cache of 4,160 positions the model's is at that depth). In the background, the 8B-shaped file's token on the recorded route
+# and a float16 one (attention_kernels.py, a cache of 4,160 positions, about the model's at that depth). In the
+# background, the 8B-shaped file's token on the recorded route
 # (../rotary/route.json, its BEAM choices imported from ../s16/run/beam_cache.json) at depth 4096: the route as it
 # is, with --half-cache, with --half-cache and 64:kernel:burst:rotary (its values fit local memory in float16); then
 # the route and the route with --half-cache again (a second process each: s16 saw 2.4% between two processes of one
