@@ -286,7 +286,7 @@ def test_burst_local_memory_counts_the_caches_values(dtype, monkeypatch):
     build = lambda: attention.decode_kernels(Tensor.empty(1, kv_heads * group, 1, head_dim, device="PYTHON"),
                                              written[0, :, :, 0:p + 1, :], chunk, burst=True)
     if dtype == "float32":
-        with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* a cache of float.*allows"):
+        with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* a cache of 4-byte values.*allows"):
             build()
     else:
         build()

@@ -595,10 +595,10 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
         raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
     form = FORMS["burst" if burst else "lanes" if lanes else "wide" if wide else "narrow"]
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
-    if burst and (local := burst_local_bytes(H // k.shape[1], Hd, chunk, cache.dtype.itemsize)) > (
-            room := Device[q.device].renderer.shared_max):    # (the cache's type: tinygrad.llm's float32, or half_cache's)
+    group, value = H // k.shape[1], cache.dtype.itemsize   # (the cache's type: tinygrad.llm's float32, or half_cache's)
+    if burst and (local := burst_local_bytes(group, Hd, chunk, value)) > (room := Device[q.device].renderer.shared_max):
         raise BadInput(f"split attention's burst form at chunks of {chunk} holds {local} bytes of local memory a group "
-                       f"({H // k.shape[1]} query heads a key head, {Hd} dimensions, a cache of {cache.dtype.name}); "
+                       f"({group} query heads a key head, {Hd} dimensions, a cache of {value}-byte values); "
                        f"device {q.device} allows {room}")
     f = Decode(H, k.shape[1], Hd, cache.shape[3], chunk, form.row(Hd, chunk), k.shape[2].unbind_all()[0], unrolled)
     buffer = lambda *shape, dtype=dtypes.float32: Tensor.empty(*shape, dtype=dtype, device=q.device)

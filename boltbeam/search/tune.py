@@ -11,8 +11,9 @@ route runs in its place goes first. Where the route runs a setting of the family
 prediction of the route's setting less the best's. Where it runs none, it is the time a profile of the route so
 far spends in what the family declares it replaces (its Replaces, route/family.py: account's regions, such as
 attention for split attention; kernel categories, such as the constants recomputed every token; the host's step
-before a token's first kernel, for direct replay) less FutureSight's prediction of the best setting. That profile is the baseline the family's settings are judged against, so it costs nothing more:
-the route of no family is profiled before the first family is chosen, not inside its search, and each promoted
+before a token's first kernel, for direct replay) less FutureSight's prediction of the best setting. That profile
+is the baseline the family's settings are judged against, so it costs nothing more: the route of no family is
+profiled before the first family is chosen, not inside its search, and each promoted
 setting's profile is the next one's; where the ledger holds a verdict judged on the route so far, the profile it
 was judged against is read instead, so a second tune on the same ledger profiles nothing and takes the same
 order. A family priced neither way (no profile of the route was made in time; it records no host step) keeps
