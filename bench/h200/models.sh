@@ -52,6 +52,13 @@ profile() {   # profile NAME MODEL FLAGS...: the trace (gzipped) and its account
     --target ${TARGET:-h200} --json
 }
 
+ready() {     # ready BEAM_JSON: the 8B-shaped file written here if missing, BEAM's carried choices imported, and the
+              # foreground's kernels-alone runs done ($O/attention.done): one thing on the GPU at a time
+  [ -e /tmp/m.gguf ] || stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
+  python3 bench/h200/beam_cache.py import "$1"
+  while [ ! -e "$O/attention.done" ]; do sleep 2; done
+}
+
 [ "$1" = none ] && return 0     # sourced for its functions (models/quick.sh)
 case $1 in
   chunk)

@@ -12,7 +12,7 @@
 #   call B...: bash bench/h200/s17/s17.sh wait S   (models.sh's wait: S seconds at most, packs what is new into $OUT)
 set -u
 export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
-source bench/h200/models.sh none            # stage, profile
+source bench/h200/models.sh none            # stage, profile, ready
 case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) export TARGET=h100-sxm ;; *) export TARGET=h200 ;; esac
 ROUTE=(--route bench/h200/rotary/route.json)
 case $1 in
@@ -26,9 +26,7 @@ case $1 in
     done
     touch "$O/attention.done"; cp "$O"/attention_*.json "$OUT"/ ;;
   run)
-    [ -e /tmp/m.gguf ] || stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
-    python3 bench/h200/beam_cache.py import bench/h200/s16/run/beam_cache.json
-    while [ ! -e "$O/attention.done" ]; do sleep 2; done
+    ready bench/h200/s16/run/beam_cache.json
     profile 8b.4096.route /tmp/m.gguf --context 4096 "${ROUTE[@]}"
     profile 8b.4096.half /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache
     profile 8b.4096.half.burst64 /tmp/m.gguf --context 4096 "${ROUTE[@]}" --half-cache --split-attention 64:kernel:burst:rotary
