@@ -88,7 +88,9 @@ def full_token(b: Bound, token_id: int = 0, excess_us: float = 20.0, gap_us: flo
     big = {"global_size": [4096], "local_size": [256]}
     ks = [kernel(r.floor_us + (100.0 if r.role == "ffn_down" else excess_us), r.role, bytes=r.bytes, **big)
           for r in b.roles if r.role not in ("kv_cache", "activations")]
-    ks += [kernel(7.0, category="attention"), kernel(3.0, category="copy"), kernel(2.0, category="elementwise")]
+    kv = b.role("kv_cache").bytes
+    ks += [kernel(7.0, category="attention", bytes=kv), kernel(2.0, category="attention", bytes=kv),   # float32: twice
+           kernel(3.0, category="copy"), kernel(2.0, category="elementwise")]
     return token(ks, token_id, gap_us)
 
 
@@ -116,7 +118,9 @@ def test_lines_add_up_to_the_wall(tiny_bound):
     assert down.us == pytest.approx(down.measured_us - tiny_bound.role("ffn_down").floor_us)
     # No measured cause; the GGML blocks its kernels decode in place are the one that names a fix.
     assert down.causes == ["unpacking"] and "draw" in down.detail and "repacked-layout" in down.detail
-    assert line(acc, "attention").us == pytest.approx(7.0 - tiny_bound.role("kv_cache").floor_us)
+    attention = line(acc, "attention")
+    assert attention.us == pytest.approx(9.0 - tiny_bound.role("kv_cache").floor_us)
+    assert attention.moved_bytes == 2 * tiny_bound.role("kv_cache").bytes and "(2.00x the floor's)" in attention.detail
     assert line(acc, "activations").us == pytest.approx(-tiny_bound.role("activations").floor_us)
     assert line(acc, "copy").cause == "boundary" and line(acc, "attention").cause == "attention"
     assert line(acc, "gaps between kernels").us == pytest.approx(2.0 * (n - 1))

@@ -101,6 +101,7 @@ class Line:
     kernels: int | None = None              # kernels per token behind the line
     causes: list[str] = field(default_factory=list)   # every cause that applies, primary first
     stacked: tuple[str, ...] = ()           # the roles one line holds when a stacked product reads them together
+    moved_bytes: float | None = None        # attention: the bytes its kernels moved a token (the compiler's count)
 
 
 @dataclass
@@ -551,10 +552,12 @@ def _boundary_lines(trace: Trace, per_token: list[dict[str, float]], bound: Boun
         measured, n = _mean_of(per_token, key), round(_mean_of(per_token, f"n:{key}"))
         label = "weights (no role)" if cat == "weights" else cat
         if cat == "attention" and kv is not None:
+            moved = _mean_of(per_token, f"bytes:{key}")     # (a float32 cache moves twice the float16 the floor counts)
             boundaries.append(Line(label, "boundary", measured - kv.floor_us, "attention",
                                    f"attention: {n} kernel(s), {_us(measured)} against the KV cache's floor of "
-                                   f"{_us(kv.floor_us)} ({kv.bytes:,} B read and written at context {bound.context})",
-                                   measured_us=measured, floor_us=kv.floor_us, kernels=n))
+                                   f"{_us(kv.floor_us)} ({kv.bytes:,} B read and written at context {bound.context}); "
+                                   f"its kernels moved {moved:,.0f} B ({moved / kv.bytes:.2f}x the floor's)",
+                                   measured_us=measured, floor_us=kv.floor_us, kernels=n, moved_bytes=moved))
             continue
         if cat == "constant":
             written = _mean_of(per_token, "written:cat:constant")
