@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, Replaces, Switch, switch
+from boltbeam.route.family import Family, Replaces, Switch, after_init_state, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "constants-once"           # what it adds to a trace's route label
@@ -53,15 +53,7 @@ def install(net, census=None, model_path: str | None = None, setting: Once | Non
     """Wrap each block's state initialisation so the constants it makes are realized at once."""
     prepared = Prepared(LABEL, {})
     realize_constants(net, prepared)
-    for block in getattr(net, "blk", []):
-        init = getattr(block, "_init_state", None)
-        if init is None:
-            continue
-
-        def init_then_realize(x, init=init, block=block):
-            init(x)
-            realize_constants(block, prepared)
-        block._init_state = init_then_realize
+    after_init_state(net, lambda block: realize_constants(block, prepared))
     return prepared
 
 

@@ -117,6 +117,23 @@ class Switch:
         return True
 
 
+def after_init_state(net, then: Callable[[Any], None]) -> int:
+    """Have each block of `net` call then(block) right after its own state initialisation (tinygrad.llm's hook,
+    called on every step: its cache and rotary table made on the first); the blocks wrapped."""
+    wrapped = 0
+    for block in getattr(net, "blk", []):
+        init = getattr(block, "_init_state", None)
+        if init is None:
+            continue
+
+        def init_then(x, init=init, block=block):
+            init(x)
+            then(block)
+        block._init_state = init_then
+        wrapped += 1
+    return wrapped
+
+
 def switch(kind) -> Callable[[Any, str], Any]:
     """A reader of a switch family's route data: true builds its one setting."""
     def read(data, where: str):

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.prepared import Prepared
-from boltbeam.route.family import Family, Replaces, Switch, switch
+from boltbeam.route.family import Family, Replaces, Switch, after_init_state, switch
 from boltbeam.search.future import Foreseen
 
 LABEL = "half-cache"           # what it adds to a trace's route label
@@ -33,20 +33,14 @@ def install(net, census=None, model_path: str | None = None, setting: Half | Non
     """Wrap each block's state initialisation so the cache it makes is remade in float16 before any use."""
     from tinygrad import Tensor, dtypes
     prepared = Prepared(LABEL, {})
-    for block in getattr(net, "blk", []):
-        init = getattr(block, "_init_state", None)
-        if init is None:
-            continue
-        prepared.eligible += 1
 
-        def init_then_halve(x, init=init, block=block):
-            init(x)
-            cache = getattr(block, "cache_kv", None)
-            if cache is not None and cache.dtype != dtypes.half:       # (its first call: nothing has written it)
-                block.cache_kv = Tensor.empty(*cache.shape, dtype=dtypes.half, device=cache.device)
-                prepared.applied += 1
-                prepared.bytes += block.cache_kv.nbytes()
-        block._init_state = init_then_halve
+    def halve(block):
+        cache = getattr(block, "cache_kv", None)
+        if cache is not None and cache.dtype != dtypes.half:       # (its first call: nothing has written it)
+            block.cache_kv = Tensor.empty(*cache.shape, dtype=dtypes.half, device=cache.device)
+            prepared.applied += 1
+            prepared.bytes += block.cache_kv.nbytes()
+    prepared.eligible = after_init_state(net, halve)
     if not prepared.eligible:
         raise BadInput(f"model {model_path}: no block makes a KV cache of its own: nothing to hold in float16")
     return prepared
@@ -60,8 +54,7 @@ def foresee(census, half: Half, context: int, target, cal, on=None) -> Foreseen:
     if split_attention.FAMILY.key in settings:
         settings[FAMILY.key] = half
         return split_attention.foresee(census, settings[split_attention.FAMILY.key], context, target, cal, settings)
-    f = census.facts
-    nbytes = f.blocks * (context + 1) * f.kv_heads * (f.head_dim + f.value_dim) * VALUE_BYTES
+    nbytes = split_attention.cache_bytes(census.facts, context + 1, VALUE_BYTES)
     return Foreseen(nbytes, 0, nbytes / target.bandwidth * 1e6, ("the float16 cache at the bandwidth",))
 
 

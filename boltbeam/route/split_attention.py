@@ -15,6 +15,11 @@ from boltbeam.search.future import LOAD_BYTES, Calibration, Foreseen, Work, pred
 KV_BYTES = 4
 
 
+def cache_bytes(facts, positions: int, element: int) -> int:
+    """The keys and values of `positions` positions of every block's cache, at `element` bytes each."""
+    return facts.blocks * positions * facts.kv_heads * (facts.head_dim + facts.value_dim) * element
+
+
 def foresee(census, split: Split, context: int, target, cal: Calibration, on=None) -> Foreseen:
     """The cache a decode token at `context` reads by whole chunks, shared evenly among the kernels the
     compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
@@ -25,7 +30,7 @@ def foresee(census, split: Split, context: int, target, cal: Calibration, on=Non
     element = half_cache.VALUE_BYTES if half_cache.FAMILY.key in (on or {}) else KV_BYTES     # the cache's, as held
     # Tensor code reads whole chunks; the generated kernel's loads stop at the position.
     positions = context + 1 if split.kernel else -(-(context + 1) // split.chunk) * split.chunk
-    nbytes = f.blocks * positions * f.kv_heads * (f.head_dim + f.value_dim) * element
+    nbytes = cache_bytes(f, positions, element)
     cache = kv_positions(census, context + 1)
     kernels = attention.scheduled(split, f.heads, f.kv_heads, f.head_dim, cache, context)
     readers = [k for k in kernels if k.reads_cache]
