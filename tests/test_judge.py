@@ -200,8 +200,9 @@ def test_same_route_is_diagnostic():
 def test_candidate_id_and_scope():
     j = judge(baseline(), faster_candidate(), CHECKS)
     assert j.candidate_id == SEARCH
-    assert j.scope == {"model_sha256": "ab" * 32, "target": "NVIDIA H200", "workload": {"context": 512, "batch": 1},
-                       "compiler": "tinygrad", "compiler_version": "0.13.0"}
+    assert j.scope.as_json() == {"model_sha256": "ab" * 32, "target": "NVIDIA H200",
+                                 "workload": {"context": 512, "batch": 1}, "compiler": "tinygrad",
+                                 "compiler_version": "0.13.0"}
     assert judge(baseline(), faster_candidate(), dataclasses.replace(CHECKS, candidate_id="gemv-local32")).candidate_id \
         == "gemv-local32"
 

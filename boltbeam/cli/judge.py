@@ -80,7 +80,8 @@ def _record(judgement: Judgement, args: argparse.Namespace) -> int:
     evidence = [*args.baseline, *args.candidate] + [p for p in (args.checks, args.reference) if p]
     with Ledger(args.ledger) as ledger:
         return ledger.append(candidate=judgement.candidate_id, verdict=judgement.verdict, reasons=judgement.reasons,
-                             scope=judgement.scope, evidence=evidence, reopen=judgement.reopen, actor=args.actor)
+                             scope=judgement.scope.as_json(), evidence=evidence, reopen=judgement.reopen,
+                             actor=args.actor)
 
 
 def _print(judgement: Judgement, entry: int | None, ledger: str | None) -> None:

@@ -265,7 +265,7 @@ def _judge(args: argparse.Namespace, out: Path, say, ledger, route, profiles):
     base, cand = tracefile.load(str(out / "baseline.json")), tracefile.load(str(out / "candidate.json"))
     j = judge(base, cand, Checks(expected_route=routes.routed_label(labels(route.families), "boltbeam-search"),
                                  candidate_id=f"route {out / 'route.json'}"))
-    ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope,
+    ledger.append(candidate=j.candidate_id, verdict=j.verdict, reasons=j.reasons, scope=j.scope.as_json(),
                   evidence=[str(out / f) for f in ("route.json", "baseline.json", "candidate.json")],
                   reopen=j.reopen, actor="boltbeam search")
     return j
@@ -310,6 +310,7 @@ def _print(s: dict[str, Any]) -> None:
 def _points(summary_path: str, ledger_path: str, target):
     """The measured settings of one search on this target: its summary gives each kernel's work, its
     ledger the times (entries of other targets, and anything that is not a time, are left out)."""
+    from boltbeam.judge.scope import ScopeKey
     from boltbeam.ledger.store import Ledger
     from boltbeam.search.decide import measured_us, parse_setting
     from boltbeam.search.future import Point, Work
@@ -323,11 +324,11 @@ def _points(summary_path: str, ledger_path: str, target):
     with Ledger(ledger_path, create=False) as ledger:
         for e in ledger.entries():
             sc = e.scope
-            if sc.get("target") != target.name or sc.get("kernel") not in work:
+            if sc.get(ScopeKey.TARGET) != target.name or (kernel := sc.get(ScopeKey.KERNEL)) not in work:
                 continue
-            setting, us = parse_setting(sc.get("setting")), measured_us(sc)
+            setting, us = parse_setting(sc.get(ScopeKey.SETTING)), measured_us(sc)
             if setting is not None and us is not None:
-                out.append(Point(sc["kernel"], work[sc["kernel"]], setting, us))
+                out.append(Point(kernel, work[kernel], setting, us))
     if not out:
         raise BadInput(f"ledger {ledger_path}: no timed setting on {target.name} of the kernels in {summary_path}")
     return out

@@ -59,6 +59,7 @@ import numpy as np
 from boltbeam.account.tieout import role_of
 from boltbeam.errors import BadInput
 from boltbeam.files import load_json
+from boltbeam.judge.scope import JudgedScope
 from boltbeam.judge.verdicts import (ADAPTER_INCOMPLETE, DEFER, DIAGNOSTIC, INCONCLUSIVE, NEEDS_REOPEN,
                                      PROMOTE, REFUTE, SEARCH_SPACE_INCOMPLETE)
 from boltbeam.measure.trace import Trace
@@ -199,7 +200,7 @@ class Judgement:
     effect: Effect | None
     numbers: dict[str, Any]
     candidate_id: str
-    scope: dict[str, Any]       # what the verdict applies to, as the ledger records it
+    scope: JudgedScope          # what the verdict applies to; the ledger records its as_json()
     reopen: str | None          # set for the verdicts that close an idea
     checked_against: str        # what the output was held to: "reference engine E", or the baseline's route only
 
@@ -211,7 +212,7 @@ class Judgement:
         return {"verdict": self.verdict, "reasons": self.reasons,
                 "gates": {name: g._asdict() for name, g in self.gates.items()},
                 "effect": asdict(self.effect) if self.effect else None, "numbers": self.numbers,
-                "candidate_id": self.candidate_id, "scope": self.scope, "reopen": self.reopen,
+                "candidate_id": self.candidate_id, "scope": self.scope.as_json(), "reopen": self.reopen,
                 "checked_against": self.checked_against}
 
 
@@ -446,9 +447,8 @@ def _numbers(baseline: Trace, candidate: Trace, checks: Checks) -> dict[str, Any
             else candidate.memory.capacity_bytes}
 
 
-def scope_of(trace: Trace) -> dict[str, Any]:
+def scope_of(trace: Trace) -> JudgedScope:
     """What a verdict on this trace applies to: model, target, workload, compiler and its version."""
     env, workload = trace.environment, trace.workload
-    return {"model_sha256": env.model_sha256, "target": env.device,
-            "workload": {"context": workload.context, "batch": workload.batch},
-            "compiler": env.compiler, "compiler_version": env.compiler_version}
+    return JudgedScope(model_sha256=env.model_sha256, target=env.device, context=workload.context,
+                       batch=workload.batch, compiler=env.compiler, compiler_version=env.compiler_version)

@@ -34,6 +34,11 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+def unless(key: str, value: str) -> str:
+    """The condition met once the asking context's `key` is anything but `value` (another engine, say)."""
+    return f"{key}!={value}"
+
+
 def check(condition: str, context: dict[str, Any]) -> tuple[bool, str]:
     """(met, why): whether the asking context satisfies the condition, and a phrase saying why not."""
     clauses = parse(condition)

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from boltbeam.errors import BadInput
 from boltbeam.files import sha256_file
+from boltbeam.judge.scope import ScopeKey
 from boltbeam.judge.verdicts import NEEDS_REOPEN, VERDICTS
 from boltbeam.ledger import reopen
 
@@ -33,7 +34,7 @@ GENESIS = "0" * 64             # the "previous hash" of entry #1
 BUSY_TIMEOUT_S = 60.0          # how long an append waits for another writer's transaction
 # Scope keys that name an idea (rather than the circumstances it was judged in); should_skip
 # matches other candidates' entries on these when the asking context names a setting.
-IDEA_KEYS = ("setting", "kernel_kind", "target", "format")
+IDEA_KEYS = (ScopeKey.SETTING, ScopeKey.KERNEL_KIND, ScopeKey.TARGET, ScopeKey.FORMAT)
 
 _SCHEMA = (
     """CREATE TABLE entries (
@@ -71,6 +72,12 @@ _JSON_COLUMNS = ("reasons", "scope", "evidence")
 def canonical(obj: Any) -> str:
     """The one JSON spelling of a value: sorted keys, no spaces. Hashes and exports use it."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def scope_matches(scope: dict[str, Any], key: dict[str, Any]) -> bool:
+    """Whether a stored scope holds each of `key`'s values, compared in their canonical spelling (a key the
+    scope lacks holds null). How the search finds what it timed or judged before in the same scope."""
+    return all(canonical(scope.get(k)) == canonical(v) for k, v in key.items())
 
 
 def chain_hash(fields: dict[str, Any]) -> str:
@@ -308,7 +315,7 @@ class Ledger:
         Blocking entries count when they are about the candidate, or (when the context names a
         setting) record the same setting, kernel kind, target and format as far as the context names
         them. The candidate is skipped unless every such entry's reopen condition is met."""
-        keys = {k: context[k] for k in IDEA_KEYS if k in context} if "setting" in context else {}
+        keys = {k: context[k] for k in IDEA_KEYS if k in context} if ScopeKey.SETTING in context else {}
         found = self.blocking(candidate, **keys)
         for e in reversed(found):   # the newest unmet one speaks
             met, why_not = reopen.check(e.reopen or "", context)

@@ -28,6 +28,8 @@ from typing import Any, Callable
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge
+from boltbeam.judge.scope import ScopeKey
+from boltbeam.ledger.reopen import unless
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import LAYOUT_LABEL, Route, engine, routed_label
 from boltbeam.measure.tinygrad_run import profile_elsewhere
@@ -70,6 +72,41 @@ class Reference:
     holds a setting to, in place of the route it goes on."""
     engine: str
     output_tokens: list[int]
+
+
+@dataclass(frozen=True)
+class TokenScope:
+    """A whole token run on a route: the model, device, engine, BEAM width, depth and tokens, and what the route
+    sets of each whole-token family (route_settings). tune finds the profile of a route in the ledger by it."""
+    model_sha256: str
+    device: str
+    engine: str
+    beam: int
+    context: int
+    tokens: int
+    route: dict[str, Any] | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {ScopeKey.DEVICE: self.device, ScopeKey.ENGINE: self.engine, ScopeKey.MODEL_SHA256: self.model_sha256,
+                ScopeKey.BEAM: self.beam, ScopeKey.CONTEXT: self.context, ScopeKey.TOKENS: self.tokens,
+                ScopeKey.ROUTE: self.route}
+
+
+@dataclass(frozen=True)
+class FamilyScope:
+    """What a verdict on one of a family's settings holds for: the whole token it ran, the target, the family, the
+    label of the route it went on and the reference its output was held to (None: the route's own tokens)."""
+    token: TokenScope
+    target: str
+    family: str
+    on: str
+    reference: Reference | None
+
+    def of(self, setting: str) -> dict[str, Any]:
+        """The scope of one setting (its flag): the ledger's key for its verdict."""
+        return self.token.as_json() | {
+            ScopeKey.TARGET: self.target, ScopeKey.FAMILY: self.family, ScopeKey.ON: self.on,
+            ScopeKey.REFERENCE: asdict(self.reference) if self.reference else None, ScopeKey.SETTING: setting}
 
 
 @dataclass
@@ -213,15 +250,14 @@ def per_product(census, route_on: Route, legal: list, target: Target, cal: Calib
 
 def route_settings(on: Route | None) -> dict[str, Any] | None:
     """What a route sets of each whole-token family (None: tinygrad's own), as the ledger's scope keeps it."""
-    return {f.key: on.families.get(f.key) for f in WHOLE_TOKEN.values()} | {"beam": on.beam} if on else None
+    return {f.key: on.families.get(f.key) for f in WHOLE_TOKEN.values()} | {ScopeKey.BEAM: on.beam} if on else None
 
 
 def recalled(ledger, candidate_id: str, key: dict[str, Any]):
     """The newest verdict the ledger holds on this candidate in exactly this scope (the route it went on, the
     depth, the tokens, the engine...), or None."""
-    from boltbeam.ledger.store import canonical
-    return next((e for e in reversed(ledger.entries(candidate=candidate_id))
-                 if all(canonical(e.scope.get(k)) == canonical(v) for k, v in key.items())), None)
+    from boltbeam.ledger.store import scope_matches
+    return next((e for e in reversed(ledger.entries(candidate=candidate_id)) if scope_matches(e.scope, key)), None)
 
 
 def foreseen(family: Family, census, context: int, target: Target, on: tuple[str, Route] | None = None
@@ -283,9 +319,8 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         return baseline
     if not recall:
         base()
-    scope = {"device": device, "target": target.name, "engine": engine(), "family": family.name, "model_sha256": sha,
-             "beam": beam, "context": context, "tokens": tokens, "on": label_of(route_on, beam),
-             "route": route_settings(route_on), "reference": asdict(reference) if reference else None}
+    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on)), target.name,
+                        family.name, label_of(route_on, beam), reference)
     base_us = median(baseline[1].token_wall_us) if baseline else None
     tried = 0
     for c in candidates:
@@ -293,14 +328,15 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(c.setting.stored(), current):
             c.skipped = "the route's own setting: the baseline"
             continue
-        if recall and (e := recalled(ledger, candidate_id, {**scope, "setting": c.flag})) is not None:
-            c.verdict, c.reasons, c.median_us, c.ledger_id, c.recalled = (e.verdict, e.reasons, e.scope.get("median_us"),
-                                                                          e.id, True)
+        key = scope.of(c.flag)
+        if recall and (e := recalled(ledger, candidate_id, key)) is not None:
+            c.verdict, c.reasons, c.median_us, c.ledger_id, c.recalled = (e.verdict, e.reasons,
+                                                                          e.scope.get(ScopeKey.MEDIAN_US), e.id, True)
             c.trace = next((ev["path"] for ev in e.evidence[1:]), None)
-            base_us = base_us or e.scope.get("baseline_median_us")
+            base_us = base_us or e.scope.get(ScopeKey.BASELINE_MEDIAN_US)
             tried += 1
             continue
-        skip, why = ledger.should_skip(candidate_id, {**scope, "setting": c.flag})
+        skip, why = ledger.should_skip(candidate_id, key)
         if skip:
             c.skipped = why
             continue
@@ -322,14 +358,14 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         trace = tracefile.load(str(path))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
         j = judge(trace_base, trace, Checks(expected_route=label_of(route_on, beam, labels(expected.families)),
-                                            candidate_id=candidate_id, reopen=f"engine!={engine()}",
+                                            candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
                                             reference_tokens=reference.output_tokens if reference else None,
                                             reference_engine=reference.engine if reference else None))
         c.verdict, c.reasons = j.verdict, j.reasons
         c.median_us = median(trace.token_wall_us)
         c.ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
-            **j.scope, **scope, "setting": c.flag, "predicted_us": c.predicted_us, "median_us": c.median_us,
-            "baseline_median_us": base_us}, evidence=[baseline_path, str(path)], reopen=j.reopen,
+            **j.scope.as_json(), **key, ScopeKey.PREDICTED_US: c.predicted_us, ScopeKey.MEDIAN_US: c.median_us,
+            ScopeKey.BASELINE_MEDIAN_US: base_us}, evidence=[baseline_path, str(path)], reopen=j.reopen,
             actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from boltbeam.bound.targets import Target
+from boltbeam.judge.scope import ScopeKey
 from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_INCOMPLETE
+from boltbeam.ledger.reopen import unless
 from boltbeam.measure.route import Choice, Route, engine
 from boltbeam.search.compiler import Captured, Kernel, build, opts_of, time_program
 from boltbeam.search.future import (Calibration, Point, Prediction, Work, calibration, foresee, rank_correlation,
@@ -41,8 +43,16 @@ class Scope:
     reps: int = REPS
 
     def of(self, kernel: str, setting: str) -> dict[str, Any]:
-        return {"device": self.device, "target": self.target, "engine": self.engine, "family": self.family,
-                "reps": self.reps, "kernel": kernel, "setting": setting}
+        """The scope of one kernel's setting: the ledger's key for its time."""
+        return {ScopeKey.DEVICE: self.device, ScopeKey.TARGET: self.target, ScopeKey.ENGINE: self.engine,
+                ScopeKey.FAMILY: self.family, ScopeKey.REPS: self.reps, ScopeKey.KERNEL: kernel,
+                ScopeKey.SETTING: setting}
+
+    def timed(self, kernel: str, name: str, setting: str, us: float | str) -> dict[str, Any]:
+        """What the ledger records of one kernel's setting: its scope, the kernel's name, and its time (µs)
+        or the compiler's refusal."""
+        found = ScopeKey.REFUSED if isinstance(us, str) else ScopeKey.MEASURED_US
+        return self.of(kernel, setting) | {ScopeKey.KERNEL_NAME: name, found: us}
 
 
 @dataclass
@@ -114,20 +124,21 @@ def parse_setting(text: Any) -> dict[str, int] | None:
 def _recorded(ledger, candidate: str, scope: dict[str, Any]) -> float | str | None:
     """What the ledger holds for this candidate in this scope (its latest entry): its time, or the
     compiler's refusal; None when it holds neither."""
+    from boltbeam.ledger.store import scope_matches
     if ledger is None:
         return None
     for e in reversed(ledger.entries(candidate=candidate)):
-        if all(e.scope.get(k) == v for k, v in scope.items()):
+        if scope_matches(e.scope, scope):
             if (us := measured_us(e.scope)) is not None:
                 return us
-            if isinstance(refused := e.scope.get("refused"), str):
+            if isinstance(refused := e.scope.get(ScopeKey.REFUSED), str):
                 return refused
     return None
 
 
 def measured_us(scope: dict[str, Any]) -> float | None:
     """The time an entry's scope records, when it is a positive finite number (anything else: none)."""
-    us = scope.get("measured_us")
+    us = scope.get(ScopeKey.MEASURED_US)
     ok = isinstance(us, (int, float)) and not isinstance(us, bool) and math.isfinite(us) and us > 0
     return float(us) if ok else None
 
@@ -170,9 +181,9 @@ class Timings:
 
 
 def _record(c: Captured, sid: str, scope: Scope, us: float | str, default_us: float | None) -> Record:
+    recorded = scope.timed(c.shape.key, c.shape.name, sid, us)
     if isinstance(us, str):   # refused by the compiler or the launch: recorded, so not tried again
-        return Record(f"{c.shape.key}:{sid}", REFUTE, [us], {**scope.of(c.shape.key, sid), "refused": us,
-                                                             "kernel_name": c.shape.name}, f"engine!={scope.engine}")
+        return Record(f"{c.shape.key}:{sid}", REFUTE, [us], recorded, unless(ScopeKey.ENGINE, scope.engine))
     if default_us is None:
         verdict, reasons, reopen = DIAGNOSTIC, [f"tinygrad's heuristics: {us:,.3f} µs alone on the device"], None
     elif us < (1 - NOISE) * default_us:
@@ -180,9 +191,8 @@ def _record(c: Captured, sid: str, scope: Scope, us: float | str, default_us: fl
     else:
         verdict = REFUTE
         reasons = [f"{us:,.3f} µs, not faster than the default's {default_us:,.3f} µs by more than {NOISE:.0%}"]
-        reopen = f"engine!={scope.engine}"
-    return Record(f"{c.shape.key}:{sid}", verdict, reasons,
-                  {**scope.of(c.shape.key, sid), "measured_us": us, "kernel_name": c.shape.name}, reopen)
+        reopen = unless(ScopeKey.ENGINE, scope.engine)
+    return Record(f"{c.shape.key}:{sid}", verdict, reasons, recorded, reopen)
 
 
 def _best(c: Captured, prg) -> float | str:
@@ -306,8 +316,8 @@ def _incomplete(ledger, r: KernelResult, scope: Scope) -> None:
                            f"{r.best_us / r.floor_us:,.1f}x its floor of {r.floor_us:,.3f} µs (bytes / bandwidth): "
                            f"the {scope.family} family cannot reach it; the layout and gemv geometry families "
                            f"(generated routes) are what the bound says is missing"],
-                  scope={**scope.of(r.key, "space"), "measured_us": r.best_us, "kernel_name": r.name},
-                  evidence=[], reopen=f"family!={scope.family}", actor=ACTOR)
+                  scope=scope.timed(r.key, r.name, "space", r.best_us), evidence=[],
+                  reopen=unless(ScopeKey.FAMILY, scope.family), actor=ACTOR)
 
 
 def spearman_by_kind(result: Search) -> dict[str, tuple[float | None, int]]:

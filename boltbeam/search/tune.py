@@ -41,8 +41,8 @@ from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
 from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
-from boltbeam.search.choose import (WHOLE_TOKEN, Reference, baseline_of, check_on, choose, foreseen, legal_space,
-                                    profile_route, route_settings, with_setting)
+from boltbeam.search.choose import (WHOLE_TOKEN, Reference, TokenScope, baseline_of, check_on, choose, foreseen,
+                                    legal_space, profile_route, route_settings, with_setting)
 
 BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
 DEFAULT_ONLY = "checked against tinygrad's default route only"
@@ -297,11 +297,10 @@ def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context
     device, engine, depth and tokens) was judged against, as a baseline, where the file stands as the ledger hashed
     it (else None)."""
     from boltbeam.files import sha256_file
-    from boltbeam.ledger.store import canonical
-    key = {"device": device, "engine": engine(), "model_sha256": sha, "beam": BEAM, "context": context,
-           "tokens": tokens, "route": route_settings(on[1])}
+    from boltbeam.ledger.store import scope_matches
+    key = TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(on[1])).as_json()
     for e in reversed(ledger.entries()):
-        if not e.evidence or any(canonical(e.scope.get(k)) != canonical(v) for k, v in key.items()):
+        if not e.evidence or not scope_matches(e.scope, key):
             continue
         first = e.evidence[0]
         if Path(first["path"]).is_file() and sha256_file(first["path"]) == first["sha256"] and \
