@@ -53,6 +53,20 @@ def test_each_blocks_cache_is_float16_and_its_attention_tinygrads_within_half_ro
         half_cache.install(types.SimpleNamespace(blk=[]), None, "m.gguf", half_cache.Half())
 
 
+def test_what_the_attention_stores_into_the_cache_is_float16():
+    """tinygrad.llm's store casts nothing: a float32 value stored into the float16 cache compiles on the CPU (C
+    converts it) and not on CUDA (no float16 header), so the store itself must carry the cast."""
+    from tinygrad import Tensor, dtypes
+    from tinygrad.uop.ops import Ops, UOp
+    b = block()
+    half_cache.install(types.SimpleNamespace(blk=[b]), None, "m.gguf", half_cache.Half())
+    x = Tensor(np.ones((1, PROMPT, HEADS * HEAD_DIM), dtype=np.float32))
+    b._init_state(x)
+    stores = [u for u in b._attention(x, 0).uop.toposort() if u.op is Ops.STORE]
+    assert stores and all(s.src[0].dtype == s.src[1].dtype == dtypes.half for s in stores)
+    assert UOp.store.__name__ == "store" and UOp.store.__qualname__ == "UOp.store"     # tinygrad's own again after
+
+
 def test_futuresight_prices_the_cache_at_two_bytes(tiny_model):
     from boltbeam.bound.targets import get_target
     from boltbeam.read.census import take_census

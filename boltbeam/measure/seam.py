@@ -23,6 +23,7 @@ POINTS = (
     ("tinygrad.engine.jit", "run_linear", "replaced by the recorder (JIT calls) and called by direct replay"),
     ("tinygrad.engine.jit", "_prepare_jit_inputs", "called by direct replay (route/replay.py)"),
     ("tinygrad.tensor.Tensor.scaled_dot_product_attention", "", "replaced while split attention installs"),
+    ("tinygrad.uop.ops", "UOp.store", "replaced while a block's attention stores into the float16 cache (route/half_cache.py)"),
     ("tinygrad.codegen.opt.search", "_time_program", "called to time a kernel as BEAM does (search/compiler.py)"),
     ("tinygrad.llm.model", "gguf_load", "replaced while the adapter loads, to keep every tensor of the file"),
     ("tinygrad.llm.model", "apply_rope", "called by the adapter's windowed attention (measure/architectures.py)"),

@@ -4,11 +4,15 @@ tinygrad.llm's block makes its cache on its first call with `Tensor.empty` and n
 type, float32: twice the bytes of the float16 element the bound counts (and llama.cpp holds). At depth a decode
 token reads the whole cache so far (on the H200 at depth 4096, 1.21 GB of the route's 4.5 ms token,
 bench/h200/s16/). This family has each block's cache made in float16 right after the block's own state
-initialisation, before anything writes it: tinygrad casts every key and value stored into it (the prefill's and
-the decode step's, or the rotary kernel's own cast) and every reader casts them back up. A switch: on or off.
+initialisation, before anything writes it, and each block's attention cast what it stores into the cache to the
+cache's type: tinygrad.llm stores its keys and values with `UOp.store`, which casts nothing (on the CPU the C
+compiler converts a float written into a float16 buffer; on CUDA the renderer adds no float16 header for a kernel
+whose only float16 is that buffer, and the prefill's kernel does not compile). The rotary kernel casts its own
+stores; every reader casts the cache back up. A switch: on or off.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,7 +34,8 @@ class Half(Switch):
 
 
 def install(net, census=None, model_path: str | None = None, setting: Half | None = None) -> Prepared:
-    """Wrap each block's state initialisation so the cache it makes is remade in float16 before any use."""
+    """Wrap each block's state initialisation so the cache it makes is remade in float16 before any use, and its
+    attention so what it stores there is cast to float16."""
     from tinygrad import Tensor, dtypes
     prepared = Prepared(LABEL, {})
 
@@ -43,7 +48,37 @@ def install(net, census=None, model_path: str | None = None, setting: Half | Non
     prepared.eligible = after_init_state(net, halve)
     if not prepared.eligible:
         raise BadInput(f"model {model_path}: no block makes a KV cache of its own: nothing to hold in float16")
+    for block in net.blk:
+        if (attention := getattr(block, "_attention", None)) is not None:
+            block._attention = _stores_cast(attention)
     return prepared
+
+
+def _stores_cast(attention):
+    """The attention with every value it stores cast to the type of what it is stored into."""
+    def cast_attention(*args, **kwargs):
+        with _casting_stores():
+            return attention(*args, **kwargs)
+    return cast_attention
+
+
+@contextlib.contextmanager
+def _casting_stores():
+    """UOp.store, while it lasts, casts its value to the type of the view it stores into where the two differ
+    (a pointer's stores, inside a generated kernel, are left alone)."""
+    from tinygrad.dtype import PtrDType
+    from tinygrad.uop.ops import UOp
+    original = UOp.store
+
+    def store(self, src, *args, **kwargs):
+        if isinstance(src, UOp) and not isinstance(self.dtype, PtrDType) and src.dtype.scalar() != self.dtype.scalar():
+            src = src.cast(self.dtype.scalar().vec(src.dtype.count))
+        return original(self, src, *args, **kwargs)
+    UOp.store = store
+    try:
+        yield
+    finally:
+        UOp.store = original
 
 
 def foresee(census, half: Half, context: int, target, cal, on=None) -> Foreseen:
