@@ -29,10 +29,14 @@ CUPTI_PER_LAUNCH = Switch("BOLTBEAM_CUPTI_PER_LAUNCH",
                           "`1`: on CUDA, beside each token timed per kernel, one timed per launch (CUPTI's graph "
                           "records), which measures the timing's cost and the launch lines; off by default: it "
                           "crashed cuGraphLaunch on an H200 (bench/h200/models/README.md)")
-CACHE_HOME = Switch("XDG_CACHE_HOME", "where the measured `host` target is kept (default ~/.cache)")
+CACHE_HOME = Switch("XDG_CACHE_HOME", "where the measured `host` target and the repacked layout's planes are kept "
+                                     "(default ~/.cache)")
+PLANES_CACHE = Switch("BOLTBEAM_PLANES_CACHE", "the folder where the repacked layout's planes are kept (default "
+                                               "$XDG_CACHE_HOME/boltbeam/planes); `off`: not kept, each run with the "
+                                               "layout repacks the model's weights again")
 VISIBLE_DEVICES = Switch("CUDA_VISIBLE_DEVICES", "CUDA's own: the first GPU it names is the one llama.cpp's trace "
                                                  "describes")
-ALL = (DEV, ROUTE, TARGETS, CUPTI_PER_LAUNCH, CACHE_HOME, VISIBLE_DEVICES)
+ALL = (DEV, ROUTE, TARGETS, CUPTI_PER_LAUNCH, CACHE_HOME, PLANES_CACHE, VISIBLE_DEVICES)
 
 # tinygrad's own switches a trace records where they are set: they change the kernels it compiles.
 RECORDED = ("BEAM", "JITBEAM", "HALF")

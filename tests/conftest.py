@@ -16,12 +16,14 @@ from tests.processes import DEPTH, once, profile, shared_root
 
 @pytest.hookimpl(trylast=True)       # after pytest's own, which makes the run's folder
 def pytest_configure(config):
-    """tinygrad's compile cache (CACHEDB) in this run's folder, unless one is set: every worker and every process
+    """tinygrad's compile cache (CACHEDB) in this run's folder, unless one is set, and the layout's planes cache: every worker and every process
     they start compiles a kernel once, a run never reads a cache an earlier run left (CI's fresh clone has
     none), and a run never writes the user's. Set here, before any process of the run imports tinygrad; the
     pytest-xdist workers inherit it."""
     if not os.environ.get("PYTEST_XDIST_WORKER") and "CACHEDB" not in os.environ:
         os.environ["CACHEDB"] = str(config._tmp_path_factory.getbasetemp() / "tinygrad-cache.db")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):      # the repacked planes likewise: the run's own, shared
+        os.environ["BOLTBEAM_PLANES_CACHE"] = str(config._tmp_path_factory.getbasetemp() / "planes")
 
 
 @pytest.fixture(scope="session")

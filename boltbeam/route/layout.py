@@ -33,6 +33,7 @@ from boltbeam.errors import BadInput
 from boltbeam.measure.route import LAYOUT_LABEL
 from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import REGIONS, SHARED_INPUT
+from boltbeam.route import planes_cache
 from boltbeam.route.family import Family, Needs, Replaces, knobs
 from boltbeam.search.future import Calibration, Foreseen
 
@@ -519,6 +520,27 @@ def layers(net, census) -> list[LayoutLinear]:
     return [f[2] for f in found if f is not None and isinstance(f[2], LayoutLinear)]
 
 
+def _fits(stored, name: str, t, setting: Setting) -> bool:
+    """The archive's arrays of this matrix are planes of its shape and format, in this setting's scale type."""
+    values = values_of(t.format)
+    cols, rows = t.shape
+    scales = ((rows, cols // values.group), np.dtype(setting.scale_dtype))
+    want = {"low": ((rows, cols if values.bits == 8 else cols // 2), np.dtype(np.uint8)),
+            "high": ((rows, cols * (values.bits - 4) // 8), np.dtype(np.uint8)) if 4 < values.bits < 8 else None,
+            "scale": scales, "offset": scales if f"{name}/offset" in stored.shapes else None}
+    return all(stored.shapes.get(f"{name}/{part}") == shape_type for part, shape_type in want.items())
+
+
+def _from_stored(stored, name: str, t, device) -> Planes:
+    """A matrix's planes from the archive (checked by _fits), on the device."""
+    from tinygrad import Tensor
+    values = values_of(t.format)
+    cols, rows = t.shape
+    low, high, scale, offset = (Tensor(stored.array(key), device=device) if (key := f"{name}/{p}") in stored.shapes
+                                else None for p in planes_cache.PARTS)
+    return Planes(rows, cols, values.bits, values.group, low, high, scale, offset, stored.matrices[name]["zero"])
+
+
 def module_at(net, path: str):
     """The attribute a GGUF tensor name ("blk.3.ffn_up") loads into, or None."""
     parent, obj = None, net
@@ -560,28 +582,47 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
     from tinygrad import Tensor, nn
 
     t0 = time.perf_counter()
-    blob = Tensor(pathlib.Path(model_path))
-    notes: list[str] = []
-    built: list[_Built] = []
-    eligible = 0
+    matrices = []       # (census entry, its name, where it lies in the model, the linear layer)
     for t in census.tensors:
         if len(t.shape) != 2 or values_of(t.format) is None:
             continue
         name = "output" if t.tied else t.name.removesuffix(".weight")
         found = module_at(net, name)
-        if found is None or not isinstance(found[2], nn.Linear):
-            continue
-        eligible += 1
-        parent, attr, linear = found
-        cols, rows = t.shape
-        blocks = blob[t.data_offset:t.data_offset + t.bytes].to(linear.weight.device)
-        planes = repack(blocks, t.format, rows, cols, setting.scale_dtype)
-        Tensor.realize(*planes.tensors())
-        ref = linear.weight.float()
-        if not _matches(planes, ref) and (planes := _reordered(planes, ref)) is None:
-            notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
-            continue
-        built.append(_Built(t, parent, attr, linear.bias, planes))
+        if found is not None and isinstance(found[2], nn.Linear):
+            matrices.append((t, name, found))
+    eligible = len(matrices)
+    where, ident = planes_cache.path_for(model_path, setting.scale_dtype), planes_cache.identity(model_path, setting.scale_dtype)
+    stored = planes_cache.load(where, ident)
+    if stored is not None and not all(name in stored.matrices and (not stored.matrices[name]["matched"]
+                                                                   or _fits(stored, name, t, setting))
+                                      for t, name, _ in matrices):
+        stored.close()
+        stored = None
+    notes: list[str] = [] if stored is None else [f"the repacked planes read back from {where} (built and checked by "
+                                                  f"an earlier run)"]
+    built: list[_Built] = []
+    blob = Tensor(pathlib.Path(model_path)) if stored is None else None
+    with planes_cache.Writing(where if stored is None and eligible else None, ident) as archive:
+        for t, name, (parent, attr, linear) in matrices:
+            if stored is not None:
+                planes = _from_stored(stored, name, t, linear.weight.device) if stored.matrices[name]["matched"] else None
+            else:
+                cols, rows = t.shape
+                blocks = blob[t.data_offset:t.data_offset + t.bytes].to(linear.weight.device)
+                planes = repack(blocks, t.format, rows, cols, setting.scale_dtype)
+                Tensor.realize(*planes.tensors())
+                ref = linear.weight.float()
+                if not _matches(planes, ref):
+                    planes = _reordered(planes, ref)
+                archive.keep(name, planes)
+            if planes is None:
+                notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
+                continue
+            built.append(_Built(t, parent, attr, linear.bias, planes))
+    if stored is not None:
+        stored.close()
+        Tensor.realize(*(p for b in built for p in b.planes.tensors()))
+    notes += [archive.note] if archive.note else []
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")

@@ -1,0 +1,99 @@
+"""The repacked layout's planes kept on disk: the tiny model's layout installed, then installed again from the
+archive with nothing repacked, the same planes and the same product; a changed model file, a damaged archive and an
+archive of other shapes repacked and replaced; `off` keeps nothing."""
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from boltbeam.read.census import take_census
+from boltbeam.route import layout, planes_cache
+
+SETTING = layout.Setting("float16", "kernel", "separate")
+
+
+@pytest.fixture
+def model(tiny_model, tmp_path, monkeypatch):
+    """A copy of the tiny model (its own path and modification time) and an empty planes folder."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(open(tiny_model, "rb").read())
+    monkeypatch.setenv("BOLTBEAM_PLANES_CACHE", str(tmp_path / "planes"))
+    return str(path)
+
+
+def installed(path: str):
+    """The model loaded and the layout installed: (the layers' planes as arrays, the Prepared, one product)."""
+    from tinygrad import Tensor
+    from tinygrad.llm.model import Transformer
+    census = take_census(path)
+    net, _ = Transformer.from_gguf(path, 8)
+    done = layout.install(net, census, path, SETTING)
+    layers = layout.layers(net, census)
+    arrays = [[None if t is None else t.numpy() for t in (p.planes.low, p.planes.high, p.planes.scale, p.planes.offset)]
+              + [p.planes.zero] for p in layers]
+    x = Tensor(np.random.default_rng(3).standard_normal((1, 1, census.facts.embedding)).astype(np.float32))
+    return arrays, done, net.blk[0].attn_q(x).numpy()
+
+
+def same(a, b) -> bool:
+    return all(len(p) == len(q) and all((u is None and v is None) or (u is not None and v is not None and np.array_equal(u, v))
+                                        for u, v in zip(p[:-1], q[:-1])) and p[-1] == q[-1] for p, q in zip(a, b))
+
+
+def repacks(monkeypatch) -> list:
+    """Counts layout.repack's calls from here on."""
+    calls = []
+    original = layout.repack
+    monkeypatch.setattr(layout, "repack", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+def test_a_second_install_reads_the_planes_back_and_repacks_nothing(model, monkeypatch):
+    first, done, product = installed(model)
+    where = planes_cache.path_for(model, SETTING.scale_dtype)
+    assert where.is_file() and not any("read back" in n for n in done.notes) and done.applied > 0
+    calls = repacks(monkeypatch)
+    again, done2, product2 = installed(model)
+    assert calls == [] and any("read back" in n for n in done2.notes)
+    assert same(first, again) and len(first) == done.applied == done2.applied
+    assert np.array_equal(product, product2)
+    # the model file changed (its modification time): repacked, and the archive replaced with its identity
+    os.utime(model, ns=(os.stat(model).st_atime_ns, os.stat(model).st_mtime_ns + 10**9))
+    third, done3, _ = installed(model)
+    assert len(calls) == done.applied and same(first, third) and not any("read back" in n for n in done3.notes)
+    calls.clear()
+    installed(model)
+    assert calls == []
+
+
+@pytest.mark.parametrize("damage", ["cut", "shape"])
+def test_an_archive_not_as_written_is_repacked_and_replaced(model, monkeypatch, damage):
+    first, done, _ = installed(model)
+    where = planes_cache.path_for(model, SETTING.scale_dtype)
+    if damage == "cut":
+        where.write_bytes(where.read_bytes()[:len(where.read_bytes()) // 2])
+    else:    # one matrix's scales of another shape, the rest as written
+        with zipfile.ZipFile(where) as z:
+            parts = {n: z.read(n) for n in z.namelist()}
+        victim = next(n for n in parts if n.endswith("/scale.npy"))
+        import io
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.zeros((3, 5), np.float16))
+        parts[victim] = buf.getvalue()
+        with zipfile.ZipFile(where, "w") as z:
+            for n, data in parts.items():
+                z.writestr(n, data)
+    calls = repacks(monkeypatch)
+    again, done2, _ = installed(model)
+    assert len(calls) == done.applied and same(first, again)
+    calls.clear()
+    installed(model)        # replaced with a whole one
+    assert calls == []
+
+
+def test_off_keeps_nothing(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("BOLTBEAM_PLANES_CACHE", "off")
+    assert planes_cache.path_for(model, "float16") is None
+    installed(model)
+    assert not (tmp_path / "planes").exists()
