@@ -67,12 +67,20 @@ def test_a_second_install_reads_the_planes_back_and_repacks_nothing(model, monke
     assert calls == []
 
 
-@pytest.mark.parametrize("damage", ["cut", "shape"])
+@pytest.mark.parametrize("damage", ["cut", "shape", "altered"])
 def test_an_archive_not_as_written_is_repacked_and_replaced(model, monkeypatch, damage):
     first, done, _ = installed(model)
     where = planes_cache.path_for(model, SETTING.scale_dtype)
     if damage == "cut":
         where.write_bytes(where.read_bytes()[:len(where.read_bytes()) // 2])
+    elif damage == "altered":    # a byte of one matrix's values flipped: its header reads, its data fails the CRC
+        data = bytearray(where.read_bytes())
+        with zipfile.ZipFile(where) as z:
+            info = next(i for i in z.infolist() if i.filename.endswith("/low.npy"))
+        name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+            int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+        data[info.header_offset + 30 + name_len + extra_len + 200] ^= 0xFF
+        where.write_bytes(bytes(data))
     else:    # one matrix's scales of another shape, the rest as written
         with zipfile.ZipFile(where) as z:
             parts = {n: z.read(n) for n in z.namelist()}

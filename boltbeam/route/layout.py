@@ -531,14 +531,33 @@ def _fits(stored, name: str, t, setting: Setting) -> bool:
     return all(stored.shapes.get(f"{name}/{part}") == shape_type for part, shape_type in want.items())
 
 
-def _from_stored(stored, name: str, t, device) -> Planes:
-    """A matrix's planes from the archive (checked by _fits), on the device."""
+def _read_back(stored, matrices, setting: Setting) -> list[Planes | None] | None:
+    """Each matrix's planes from the archive, on the device (None for one that matched in no row order), or None
+    where the archive lacks one, holds one of another shape or type, or cannot be read whole; the archive closed."""
     from tinygrad import Tensor
-    values = values_of(t.format)
-    cols, rows = t.shape
-    low, high, scale, offset = (Tensor(stored.array(key), device=device) if (key := f"{name}/{p}") in stored.shapes
-                                else None for p in planes_cache.PARTS)
-    return Planes(rows, cols, values.bits, values.group, low, high, scale, offset, stored.matrices[name]["zero"])
+    if stored is None:
+        return None
+    try:
+        if not all(name in stored.matrices and (not stored.matrices[name]["matched"] or _fits(stored, name, t, setting))
+                   for t, name, _ in matrices):
+            return None
+        kept = []
+        for t, name, (_, _, linear) in matrices:
+            if not stored.matrices[name]["matched"]:
+                kept.append(None)
+                continue
+            values = values_of(t.format)
+            cols, rows = t.shape
+            low, high, scale, offset = (Tensor(stored.array(key), device=linear.weight.device)
+                                        if (key := f"{name}/{p}") in stored.shapes else None for p in planes_cache.PARTS)
+            kept.append(Planes(rows, cols, values.bits, values.group, low, high, scale, offset,
+                               stored.matrices[name]["zero"]))
+    except planes_cache.UNREADABLE:
+        return None
+    finally:
+        stored.close()
+    Tensor.realize(*(p for planes in kept if planes is not None for p in planes.tensors()))
+    return kept
 
 
 def module_at(net, path: str):
@@ -592,21 +611,14 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
             matrices.append((t, name, found))
     eligible = len(matrices)
     where, ident = planes_cache.path_for(model_path, setting.scale_dtype), planes_cache.identity(model_path, setting.scale_dtype)
-    stored = planes_cache.load(where, ident)
-    if stored is not None and not all(name in stored.matrices and (not stored.matrices[name]["matched"]
-                                                                   or _fits(stored, name, t, setting))
-                                      for t, name, _ in matrices):
-        stored.close()
-        stored = None
-    notes: list[str] = [] if stored is None else [f"the repacked planes read back from {where} (built and checked by "
-                                                  f"an earlier run)"]
-    built: list[_Built] = []
-    blob = Tensor(pathlib.Path(model_path)) if stored is None else None
-    with planes_cache.Writing(where if stored is None and eligible else None, ident) as archive:
-        for t, name, (parent, attr, linear) in matrices:
-            if stored is not None:
-                planes = _from_stored(stored, name, t, linear.weight.device) if stored.matrices[name]["matched"] else None
-            else:
+    kept = _read_back(planes_cache.load(where, ident), matrices, setting)
+    notes: list[str] = [] if kept is None else [f"the repacked planes read back from {where} (built and checked by an "
+                                                f"earlier run)"]
+    if kept is None:
+        blob = Tensor(pathlib.Path(model_path))
+        kept = []
+        with planes_cache.Writing(where if eligible else None, ident) as archive:
+            for t, name, (_, _, linear) in matrices:
                 cols, rows = t.shape
                 blocks = blob[t.data_offset:t.data_offset + t.bytes].to(linear.weight.device)
                 planes = repack(blocks, t.format, rows, cols, setting.scale_dtype)
@@ -615,14 +627,14 @@ def install(net, census, model_path: str, setting: Setting) -> Prepared:
                 if not _matches(planes, ref):
                     planes = _reordered(planes, ref)
                 archive.keep(name, planes)
-            if planes is None:
-                notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
-                continue
+                kept.append(planes)
+        notes += [archive.note] if archive.note else []
+    built: list[_Built] = []
+    for (t, name, (parent, attr, linear)), planes in zip(matrices, kept):
+        if planes is None:
+            notes.append(f"{name}: the repacked weights match the default route's in no row order; kept the default")
+        else:
             built.append(_Built(t, parent, attr, linear.bias, planes))
-    if stored is not None:
-        stored.close()
-        Tensor.realize(*(p for b in built for p in b.planes.tensors()))
-    notes += [archive.note] if archive.note else []
     if not eligible:
         raise BadInput(f"model {model_path}: no linear layer in a format the repacked layout takes "
                        f"({', '.join(formats_with_layout())}); run without --layout")

@@ -26,6 +26,8 @@ from boltbeam import switches
 VERSION = 1                  # raised whenever repack's planes change
 PARTS = ("low", "high", "scale", "offset")
 MANIFEST = "manifest.json"   # the model's identity, and each matrix's: matched, zero point
+# what reading an archive that is not as written raises (a member cut short or altered: zipfile's CRC check)
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
 HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -81,7 +83,7 @@ def load(path: Path | None, ident: dict) -> Stored | None:
             z.close()
             return None
         return Stored(z, manifest)
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+    except UNREADABLE:
         if z is not None:
             z.close()
         return None
