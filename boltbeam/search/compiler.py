@@ -8,6 +8,7 @@ kernel's `opts_to_apply`. Nothing here decides anything.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import pathlib
 from collections import Counter
@@ -159,6 +160,11 @@ def capture(model: str, census, device: str, context: int,
                                          int(sym_infer(est.mem, var_vals)) if est else 0,
                                          int(sym_infer(est.ops, var_vals)) if est else 0,
                                          [str(o) for o in info.applied_opts]), ast, ren)
+    # The model and its decode JIT go here, and their CPU graphs with them, on this thread: left to the cyclic
+    # collector, a graph's __del__ can run on tinygrad's CPU worker thread and wait on that thread's own queue
+    # (a search hung so in the suite, py-spy: HCQGraph.__del__ -> synchronize inside CPUWorker.run).
+    del gen, net, captured
+    gc.collect()
     return sorted(by_kernel.values(), key=lambda c: c.shape.key)
 
 
