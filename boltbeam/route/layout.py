@@ -538,12 +538,12 @@ def _read_back(stored, matrices, setting: Setting) -> list[Planes | None] | None
     if stored is None:
         return None
     try:
-        if not all(name in stored.matrices and (not stored.matrices[name]["matched"] or _fits(stored, name, t, setting))
+        if not all(name in stored.matrices and (not stored.matrices[name].matched or _fits(stored, name, t, setting))
                    for t, name, _ in matrices):
             return None
         kept = []
         for t, name, (_, _, linear) in matrices:
-            if not stored.matrices[name]["matched"]:
+            if not stored.matrices[name].matched:
                 kept.append(None)
                 continue
             values = values_of(t.format)
@@ -551,7 +551,7 @@ def _read_back(stored, matrices, setting: Setting) -> list[Planes | None] | None
             low, high, scale, offset = (Tensor(stored.array(key), device=linear.weight.device)
                                         if (key := f"{name}/{p}") in stored.shapes else None for p in planes_cache.PARTS)
             kept.append(Planes(rows, cols, values.bits, values.group, low, high, scale, offset,
-                               stored.matrices[name]["zero"]))
+                               stored.matrices[name].zero))
     except planes_cache.UNREADABLE:
         return None
     finally:

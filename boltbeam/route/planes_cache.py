@@ -17,6 +17,7 @@ import json
 import os
 import tempfile
 import zipfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +47,18 @@ def identity(model_path: str, scale_dtype: str) -> dict:
     return {"version": VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "scale_dtype": scale_dtype}
 
 
+@dataclass(frozen=True)
+class Kept:
+    """One matrix's record in the archive: whether its planes matched the default route (else it keeps the
+    default, and the archive holds no arrays of it) and its zero point."""
+    matched: bool
+    zero: int
+
+
 class Stored:
     """An archive open for reading: each matrix's record, each array's shape and type, the arrays one at a time."""
     def __init__(self, z: zipfile.ZipFile, manifest: dict):
-        self.zip, self.matrices = z, manifest["matrices"]
+        self.zip, self.matrices = z, {}
         self.shapes = {}
         for info in z.infolist():
             if info.filename.endswith(".npy"):
@@ -59,9 +68,10 @@ class Stored:
                         raise ValueError(f"{info.filename}: an .npy version this reader does not take")
                     shape, _, dtype = read(f)
                 self.shapes[info.filename.removesuffix(".npy")] = (tuple(shape), np.dtype(dtype))
-        for m in self.matrices.values():
+        for name, m in manifest["matrices"].items():
             if not isinstance(m, dict) or not isinstance(m.get("matched"), bool) or type(m.get("zero")) is not int:
                 raise ValueError("a matrix's record is not as written")
+            self.matrices[name] = Kept(m["matched"], m["zero"])
 
     def array(self, key: str) -> np.ndarray:
         with self.zip.open(key + ".npy") as f:
@@ -112,7 +122,7 @@ class Writing:
         """One matrix: its planes (None: it matched in no row order)."""
         if self.zip is None:
             return
-        self.matrices[name] = {"matched": planes is not None, "zero": 0 if planes is None else planes.zero}
+        self.matrices[name] = Kept(planes is not None, 0 if planes is None else planes.zero)
         try:
             for part in PARTS if planes is not None else ():
                 if (t := getattr(planes, part)) is not None:
@@ -139,7 +149,8 @@ class Writing:
             self._drop()
             return
         try:
-            self.zip.writestr(MANIFEST, json.dumps({"identity": self.ident, "matrices": self.matrices}))
+            self.zip.writestr(MANIFEST, json.dumps({"identity": self.ident,
+                                                    "matrices": {n: asdict(k) for n, k in self.matrices.items()}}))
             self.zip.close()
             self.zip = None
             os.replace(self.tmp, self.path)
