@@ -105,3 +105,37 @@ def test_off_keeps_nothing(model, tmp_path, monkeypatch):
     assert planes_cache.path_for(model, "float16") is None
     installed(model)
     assert not (tmp_path / "planes").exists()
+
+
+def test_a_write_that_fails_leaves_a_note_and_no_file(tmp_path):
+    """A full disk mid-archive (an OSError from one matrix's arrays) or an error in the run's own block: no archive,
+    no temporary file; only the first says so, and the run goes on."""
+    import types
+
+    class Array:
+        def __init__(self, fails=False):
+            self.fails = fails
+
+        def numpy(self):
+            if self.fails:
+                raise OSError(28, "No space left on device")
+            return np.zeros((2, 2), np.uint8)
+    planes = lambda fails=False: types.SimpleNamespace(low=Array(fails), high=None, scale=Array(), offset=None, zero=0)
+    with planes_cache.Writing(tmp_path / "full.npz", {}) as archive:
+        archive.keep("a", planes())
+        archive.keep("b", planes(fails=True))
+        archive.keep("c", planes())
+    assert "No space left on device" in archive.note
+    with pytest.raises(KeyError):
+        with planes_cache.Writing(tmp_path / "broken.npz", {}) as archive:
+            archive.keep("a", planes())
+            raise KeyError("the run's own error")
+    assert archive.note is None and list(tmp_path.iterdir()) == []
+    with planes_cache.Writing(tmp_path / "whole.npz", {"v": 1}) as archive:
+        archive.keep("a", planes())
+        archive.keep("b", None)
+    stored = planes_cache.load(tmp_path / "whole.npz", {"v": 1})
+    assert stored.matrices == {"a": planes_cache.Kept(True, 0), "b": planes_cache.Kept(False, 0)}
+    assert stored.shapes == {"a/low": ((2, 2), np.dtype(np.uint8)), "a/scale": ((2, 2), np.dtype(np.uint8))}
+    stored.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["whole.npz"]

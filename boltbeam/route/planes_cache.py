@@ -12,10 +12,10 @@ never trusted; a run that cannot write one goes on without. `BOLTBEAM_PLANES_CAC
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from boltbeam import switches
+from boltbeam.errors import BadInput
+from boltbeam.files import atomic_path
 
 VERSION = 1                  # raised whenever repack's planes change
 PARTS = ("low", "high", "scale", "offset")
@@ -99,22 +101,23 @@ def load(path: Path | None, ident: dict) -> Stored | None:
         return None
 
 
+class _Abandoned(Exception):
+    """Ends atomic_path's block so that it removes the temporary file (an OSError would turn into BadInput)."""
+
+
 class Writing:
-    """A new archive written a matrix at a time into a temporary file beside its place, moved there when the
-    block ends without error (with its manifest last), else removed. A write that fails (a full disk, a read-only
-    folder) stops the writing and leaves `note` saying so; the run goes on."""
+    """A new archive written a matrix at a time into a temporary file beside its place (files.atomic_path), moved
+    there when the block ends without error (with its manifest last), else removed. A write that fails (a full disk,
+    a read-only folder) stops the writing and leaves `note` saying so; the run goes on."""
     def __init__(self, path: Path | None, ident: dict):
         self.path, self.ident, self.note = path, ident, None
-        self.zip, self.tmp, self.matrices = None, None, {}
+        self.zip, self.place, self.matrices = None, contextlib.ExitStack(), {}
 
     def __enter__(self) -> "Writing":
         if self.path is not None:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
-                os.close(fd)
-                self.zip = zipfile.ZipFile(self.tmp, "w", allowZip64=True)
-            except OSError as e:
+                self.zip = zipfile.ZipFile(self.place.enter_context(atomic_path(self.path)), "w", allowZip64=True)
+            except (BadInput, OSError) as e:
                 self._fail(e)
         return self
 
@@ -131,16 +134,16 @@ class Writing:
         except OSError as e:
             self._fail(e)
 
-    def _fail(self, e: OSError) -> None:
-        self.note = f"the repacked planes were not kept in {self.path} ({e.strerror or e})"
+    def _fail(self, e: Exception) -> None:
+        self.note = f"the repacked planes were not kept in {self.path} ({getattr(e, 'strerror', None) or e})"
         self._drop()
 
     def _drop(self) -> None:
+        """Close the archive and remove its temporary file: atomic_path does, its block ending on an error."""
         if self.zip is not None:
             self.zip.close()
-        if self.tmp is not None:
-            Path(self.tmp).unlink(missing_ok=True)
-        self.zip = self.tmp = None
+            self.zip = None
+        self.place.__exit__(_Abandoned, _Abandoned(), None)
 
     def __exit__(self, kind, value, tb) -> None:
         if self.zip is None:
@@ -153,6 +156,6 @@ class Writing:
                                                     "matrices": {n: asdict(k) for n, k in self.matrices.items()}}))
             self.zip.close()
             self.zip = None
-            os.replace(self.tmp, self.path)
-        except OSError as e:
+            self.place.close()          # the temporary file moved into place
+        except (BadInput, OSError) as e:
             self._fail(e)
