@@ -273,18 +273,23 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
 def test_burst_local_memory_counts_the_caches_values(dtype, monkeypatch):
     """Burst holds a chunk's values in local memory in the cache's type (tinygrad.llm's float32; half_cache's
     float16): a chunk that fits only at two bytes a value is refused on a float32 cache, in one line, before any
-    kernel is built."""
+    kernel is built. Built where tinygrad.llm builds it: inside a block traced as a function, where tinygrad forbids
+    opening a device (the H100's first burst profile failed there)."""
     from tinygrad import Device, Tensor, UOp, dtypes
+    from tinygrad.helpers import Context
     from boltbeam.route import attention
     kv_heads, group, head_dim, positions, chunk = 1, 2, 16, 32, 16
     halves, floats = (attention.burst_local_bytes(group, head_dim, chunk, b) for b in (2, 4))
-    monkeypatch.setattr(Device["PYTHON"].renderer, "shared_max", (halves + floats) // 2)
+    monkeypatch.setattr(Device["CPU"].renderer, "shared_max", (halves + floats) // 2)
     cache = Tensor.empty(2, 1, kv_heads, positions, head_dim, dtype=dtypes.float16 if dtype == "float16" else dtypes.float32,
-                         device="PYTHON")
+                         device="CPU")
     p = UOp.variable("start_pos", 0, positions - 1).bind(20)
     written = Tensor(cache.uop.after(cache[:, :, :, p:p + 1, :].uop.store(cache[:, :, :, 0:1, :].contiguous().uop)))
-    build = lambda: attention.decode_kernels(Tensor.empty(1, kv_heads * group, 1, head_dim, device="PYTHON"),
-                                             written[0, :, :, 0:p + 1, :], chunk, burst=True)
+    q = Tensor.empty(1, kv_heads * group, 1, head_dim, device="CPU")
+
+    def build():
+        with Context(ALLOW_DEVICE_USAGE=0):       # as tinygrad's function.py traces a block
+            attention.decode_kernels(q, written[0, :, :, 0:p + 1, :], chunk, burst=True)
     if dtype == "float32":
         with pytest.raises(BadInput, match=f"holds {floats} bytes of local memory .* a cache of 4-byte values.*allows"):
             build()

@@ -450,6 +450,16 @@ def burst_runs(group: int, head_dim: int, chunk: int) -> int:
     return -(-chunk * (head_dim // WIDE_KEYS) // (group * head_dim))
 
 
+def _shared_max(device: str) -> int:
+    """The device's local memory a group, read while tinygrad.llm's blocks are traced as functions, where tinygrad
+    forbids opening a device (function.py; its own codegen reads the renderer the same way): the model's device is
+    already open by then."""
+    from tinygrad import Device
+    from tinygrad.helpers import Context
+    with Context(ALLOW_DEVICE_USAGE=1):
+        return Device[device].renderer.shared_max
+
+
 def burst_local_bytes(group: int, head_dim: int, chunk: int, value_bytes: int) -> int:
     """The local memory a group of the burst partials holds: every query head's parts of the scores, the values (in
     the cache's type, of `value_bytes`), the scores and the exponentials."""
@@ -589,14 +599,14 @@ def decode_kernels(q, k, chunk: int, wide: bool = False, unrolled: bool = False,
     once) and spread_combine; none: narrow_partials and the narrow combine. `unrolled` (with wide, lanes or burst):
     the partials' loops over a key row (wide) and a chunk's positions written out in full; lanes, the combine's
     loops over the chunks COMBINE_STEP chunks a step, written out (spread_combine's loops are short: kept)."""
-    from tinygrad import Device, Tensor, dtypes
+    from tinygrad import Tensor, dtypes
     B, H, _, Hd = q.shape
     if why := unfit(chunk, Hd, wide, lanes, burst):
         raise BadInput(f"split attention at chunks of {chunk} and a head of {Hd} dimensions: {why}")
     form = FORMS["burst" if burst else "lanes" if lanes else "wide" if wide else "narrow"]
     cache = _cache_of(k)                              # (2, 1, KvH, P, Hd)
     group, value = H // k.shape[1], cache.dtype.itemsize   # (the cache's type: tinygrad.llm's float32, or half_cache's)
-    if burst and (local := burst_local_bytes(group, Hd, chunk, value)) > (room := Device[q.device].renderer.shared_max):
+    if burst and (local := burst_local_bytes(group, Hd, chunk, value)) > (room := _shared_max(q.device)):
         raise BadInput(f"split attention's burst form at chunks of {chunk} holds {local} bytes of local memory a group "
                        f"({group} query heads a key head, {Hd} dimensions, a cache of {value}-byte values); "
                        f"device {q.device} allows {room}")
