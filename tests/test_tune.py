@@ -216,6 +216,8 @@ def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, t
 @pytest.mark.parametrize("change, says", [
     (["--minutes", "0"], "--minutes above 0"),
     (["--tokens", "4"], "--tokens >= 5"),
+    (["--alone", "-1"], "--alone >= 0"),
+    (["--seconds-per-kernel", "0"], "--seconds-per-kernel above 0"),
     (["--families", "repacked_layout,nope"], "unknown nope"),
     (["--target", "nope"], "unknown target 'nope'"),
     (["--reference"], "needs llama-cpp-python"),      # no binding here (the stand-in is not on the path)
@@ -230,3 +232,60 @@ def test_no_model_and_an_input_as_out_are_one_line(tiny_model, tmp_path, capsys)
     one_line(capsys, 2, main(tune_args(str(tmp_path / "none.gguf"), tmp_path / "o", tmp_path / "l")), "no such file")
     one_line(capsys, 2, main(tune_args(tiny_model, tiny_model, tmp_path / "l")), "not a folder")
     assert not (tmp_path / "o").exists() and not (tmp_path / "l").exists()
+
+
+def test_tune_times_gemvs_products_alone_and_no_other_family(tiny_model, tmp_path, monkeypatch):
+    """With --alone, tune hands the per-product timing (its count and seconds) to gemv's search and to no other
+    family: on the 8B shape one geometry for every product left gate+up 41% and qkv 48% slower than a geometry for
+    each (bench/h200/s18)."""
+    from boltbeam.route import gemv
+    from tests.test_gemv import kernel_route
+    threads, on = kernel_route(tiny_model, tmp_path)
+    target = get_target("cpu-with-groups", [str(threads)])
+    calls = []
+
+    def judged(family, *args, alone=None, seconds=None, **kwargs):
+        calls.append((family.name, alone, seconds))
+        if family.name != "repacked_layout":
+            return choose.Choice(family.name, 1.0, [], None)
+        c = choose.Candidate(layout.Setting(**on.families["layout"]), 0, 0, 1.0, verdict="promote")
+        c.median_us = 1.0
+        return choose.Choice(family.name, 2.0, [c], c)
+    monkeypatch.setattr(tune, "choose", judged)
+    monkeypatch.setattr(tune, "profile_route", lambda *args: None)    # no baseline: the families keep their order
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        tune.tune(tiny_model, take_census(tiny_model), "CPU", target, 4, 5, ledger, on.model_sha256, tmp_path / "t",
+                  [BY_NAME["repacked_layout"], BY_NAME["gemv"]], 1, 1.0, alone=3, seconds=2.0)
+    assert calls == [("repacked_layout", None, 2.0), (gemv.FAMILY.name, 3, 2.0)]
+
+
+def test_a_second_run_reads_gemvs_products_from_the_ledger_and_times_none_alone(tiny_model, tmp_path, monkeypatch):
+    """The geometry for each product that the ledger judged in this scope is read back: no product is timed alone
+    again (whose times could choose another setting and so judge again), no token is profiled, its verdict stands."""
+    from boltbeam.judge.scope import ScopeKey
+    from boltbeam.route import gemv
+    from boltbeam.search import alone
+    from tests.test_gemv import kernel_route
+    threads, on = kernel_route(tiny_model, tmp_path)
+    target, census = get_target("cpu-with-groups", [str(threads)]), take_census(tiny_model)
+    legal = choose.space(gemv.FAMILY, target)[0]
+    setting = gemv.PerProduct(tuple(
+        (gemv.product_key(s.planes()), [g for g in legal if g.divides(s.planes())][-1])
+        for s in alone.shapes(census, layout.Setting(**on.families["layout"]))))
+    scope = choose.FamilyScope(choose.TokenScope(on.model_sha256, "CPU", engine(), 0, 4, 5, choose.route_settings(on)),
+                               target.name, gemv.FAMILY.name, choose.label_of(on, 0), None)
+
+    def never(*args, **kwargs):
+        raise AssertionError("timed or profiled again")
+    monkeypatch.setattr(choose.alone_timing, "time_products", never)
+    monkeypatch.setattr(choose, "profile_elsewhere", never)
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        for flag, verdict in ((setting.flag, "promote"), (legal[0].flag, "refute")):   # the newest: one geometry
+            ledger.append(candidate=f"{gemv.FAMILY.name} {flag}", verdict=verdict, reasons=["judged before"],
+                          scope={**scope.of(flag), ScopeKey.PREDICTED_US: 7.0, ScopeKey.MEDIAN_US: 5.0}, evidence=[],
+                          reopen="engine != test", actor="test")
+        done = choose.choose(gemv.FAMILY, tiny_model, census, "CPU", 4, 5, target, ledger, on.model_sha256, tmp_path,
+                             budget=1, on=(str(tmp_path / "on.json"), on), recall=True, alone=2)
+    first = done.candidates[0]
+    assert first.flag == setting.flag and first.recalled and first.verdict == "promote" and first.ledger_id == 1
+    assert first.predicted_us == 7.0 and done.chosen is first and done.alone == []

@@ -12,6 +12,7 @@ from boltbeam.cli.search import JUDGE_TOKENS
 from boltbeam.errors import BadInput
 
 OUTPUTS = ("route.json", "tune.json", "report.html")
+ALONE, SECONDS = 64, 20.0     # gemv's products timed alone: geometries and seconds a product (8 shapes on the 8B)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "first (default: every legal one, as time allows)")
     p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order of "
                    "predicted savings (default: every one)")
+    p.add_argument("--alone", type=int, default=ALONE, metavar="K", help="gemv: first time each product alone at its K "
+                   f"best predicted geometries and judge the fastest geometry for each product first (default {ALONE}; "
+                   "0: only geometries shared by every product)")
+    p.add_argument("--seconds-per-kernel", type=float, default=SECONDS, metavar="S",
+                   help=f"with --alone: at most S seconds of timing a product (default {SECONDS:g})")
     p.add_argument("--reference", action="store_true", help="hold each setting's output to llama.cpp's greedy tokens on "
                    "the same prompt ids (its Python binding, llama-cpp-python; decoded once, nothing timed), not only "
                    "to tinygrad's default route's: a setting whose tokens differ is not promoted")
@@ -58,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.read.census import take_census
     from boltbeam.report.page import render_tune
     from boltbeam.search.tune import reference_of, tunable, tune
-    if not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1):
-        raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0 and --budget >= 1")
+    if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
+            or args.alone < 0 or not args.seconds_per_kernel > 0):
+        raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0, --budget >= 1, "
+                       "--alone >= 0 and --seconds-per-kernel above 0")
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
@@ -83,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         left = lambda n: bar.update(task, total=bar.tasks[0].completed + n)
         with Ledger(args.ledger) as ledger:
             done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
-                               families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference)
+                               families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
+                               args.alone or None, args.seconds_per_kernel)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})

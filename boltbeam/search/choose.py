@@ -260,6 +260,18 @@ def recalled(ledger, candidate_id: str, key: dict[str, Any]):
     return next((e for e in reversed(ledger.entries(candidate=candidate_id)) if scope_matches(e.scope, key)), None)
 
 
+def recalled_per_product(ledger, scope: FamilyScope) -> Candidate | None:
+    """gemv: the geometry for each product that the ledger judged in exactly this scope (as the products' times alone
+    chose it then), so a second run on the ledger times no product alone again and reads that setting's verdict."""
+    from boltbeam.ledger.store import scope_matches
+    for e in reversed(ledger.entries()):
+        name, _, flag = e.candidate.partition(" ")
+        if (name == scope.family and "=" in flag and ScopeKey.PREDICTED_US in e.scope
+                and scope_matches(e.scope, scope.of(flag))):
+            return Candidate(gemv.PerProduct.parse(flag), 0, 0, e.scope[ScopeKey.PREDICTED_US], ("timed alone",))
+    return None
+
+
 def foreseen(family: Family, census, context: int, target: Target, on: tuple[str, Route] | None = None
              ) -> tuple[list[Candidate], Counter]:
     """FutureSight, on the CPU before any token runs: the family's legal settings the model can take as candidates
@@ -303,10 +315,14 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     path_on, route_on = on if on else ("none", None)
     candidates, rejected = foreseen(family, census, context, target, on)
     current = route_on.families.get(family.key) if route_on else None
+    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on)), target.name,
+                        family.name, label_of(route_on, beam), reference)
     products = []
     if alone:
-        first, products = per_product(census, route_on, legal_space(family, target)[0], target,
-                                      calibration(target.name), alone, seconds, say, earlier)
+        first = recalled_per_product(ledger, scope) if recall else None
+        if first is None:
+            first, products = per_product(census, route_on, legal_space(family, target)[0], target,
+                                          calibration(target.name), alone, seconds, say, earlier)
         candidates[:0] = [first] if first else []
     flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
 
@@ -319,8 +335,6 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         return baseline
     if not recall:
         base()
-    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on)), target.name,
-                        family.name, label_of(route_on, beam), reference)
     base_us = median(baseline[1].token_wall_us) if baseline else None
     tried = 0
     for c in candidates:

@@ -39,8 +39,10 @@ from boltbeam.judge.judge import reference_gate
 from boltbeam.measure import route as routes
 from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
+from boltbeam.route import gemv
 from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
+from boltbeam.search.alone import Product
 from boltbeam.search.choose import (WHOLE_TOKEN, Reference, TokenScope, baseline_of, check_on, choose, foreseen,
                                     legal_space, profile_route, route_settings, with_setting)
 
@@ -182,6 +184,7 @@ class Tune:
     skipped: list[Skip] = field(default_factory=list)
     start_us: float | None = None    # tinygrad's own route (the first baseline)
     final_us: float | None = None    # the route written
+    alone: list[Product] = field(default_factory=list)    # gemv's products timed alone in this run
     profiles: int = 0                # whole tokens profiled in this run
     out_of_time: bool = False
     seconds: float = 0.0
@@ -219,11 +222,13 @@ def reference_of(model: str, census, device: str, context: int, tokens: int,
 def tune(model: str, census, device: str, target: Target, context: int, tokens: int, ledger, sha: str, out: Path,
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
-         reference: Reference | None = None) -> tuple[Tune, Route]:
+         reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
     within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
-    each setting's output is held to its tokens."""
+    each setting's output is held to its tokens. With `alone`, gemv first times each product alone at its `alone`
+    best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
+    the ledger judged that already, its setting is read and nothing is timed)."""
     started = time.monotonic()
     deadline = started + minutes * 60
     record = Tune(model, sha, device, target.name, context, tokens, minutes, reference=reference,
@@ -273,8 +278,9 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         folder.mkdir(parents=True, exist_ok=True)
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
                         budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
-                        reference=reference)
+                        reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds)
         record.start_us = record.start_us or choice.baseline_median_us
+        record.alone += choice.alone
         for c in choice.candidates:
             record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
             record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
