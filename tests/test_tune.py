@@ -289,3 +289,45 @@ def test_a_second_run_reads_gemvs_products_from_the_ledger_and_times_none_alone(
     first = done.candidates[0]
     assert first.flag == setting.flag and first.recalled and first.verdict == "promote" and first.ledger_id == 1
     assert first.predicted_us == 7.0 and done.chosen is first and done.alone == []
+
+
+def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_model, tmp_path, profiles, capsys,
+                                                                         monkeypatch):
+    """--beam W: after the families, the route so far with tinygrad's BEAM at W for the kernels the families leave to
+    it, judged like a setting and kept in the ledger; promoted, the route carries the kernels as that run compiled them
+    (a load searches nothing), else it stays as it was. A second tune reads the verdict and profiles nothing."""
+    import subprocess
+    import sys
+    from tests.test_route_choices import PROFILE
+
+    def narrowed(model, device, out, *flags):     # each profile as tune runs it, BEAM's actions narrowed (seconds)
+        profiles.append(out)
+        done = subprocess.run([sys.executable, "-c", PROFILE, "profile", model, "--device", device, "--out", out,
+                               "--json", *flags], capture_output=True, text=True)
+        return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+    monkeypatch.setattr(choose, "profile_elsewhere", narrowed)
+    out, ledger = tmp_path / "tuned", tmp_path / "ledger.sqlite"
+    args = tune_args(tiny_model, out, ledger, "--beam", "1")
+    args[args.index("--families") + 1] = "constants_once"
+    assert main(args) == 0
+    done = json.loads(capsys.readouterr().out)
+    last = done["steps"][-1]
+    assert last["family"] == tune.BEAM_STEP and last["setting"] == "1" and last["predicted_us"] is None
+    assert last["verdict"] in VERDICTS and last["timed"] and last["before_us"] > 0 and last["after_us"] > 0
+    assert profiles[-1] == str(out / "traces" / "2_beam" / "beam_1.json")
+    with Ledger(ledger, create=False) as led:
+        entry = led.entries()[-1]
+    assert (entry.id, entry.candidate, entry.verdict) == (last["ledger_id"], "beam 1", last["verdict"])
+    route = routes.load(str(out / "route.json"))
+    before = done["steps"][-2]
+    assert ("constants_once" in route.families) == before["promoted"]
+    if last["promoted"]:
+        assert route.beam == 1 and route.compiled and route.load_beam() == 0 and done["final_us"] == last["after_us"]
+    else:
+        assert route.beam == 0 and not route.compiled
+    route_bytes = (out / "route.json").read_bytes()
+    profiles.clear()
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert profiles == [] and (out / "route.json").read_bytes() == route_bytes
+    assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("1", last["verdict"], False)

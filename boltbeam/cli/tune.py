@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "0: only geometries shared by every product)")
     p.add_argument("--seconds-per-kernel", type=float, default=SECONDS, metavar="S",
                    help=f"with --alone: at most S seconds of timing a product (default {SECONDS:g})")
+    p.add_argument("--beam", type=int, default=0, metavar="W", help="the last step: the route so far with tinygrad's "
+                   "BEAM at width W for the kernels its families leave to tinygrad, judged like a family; promoted, "
+                   "the route carries what BEAM chose (default 0: no BEAM)")
     p.add_argument("--reference", action="store_true", help="hold each setting's output to llama.cpp's greedy tokens on "
                    "the same prompt ids (its Python binding, llama-cpp-python; decoded once, nothing timed), not only "
                    "to tinygrad's default route's: a setting whose tokens differ is not promoted")
@@ -65,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.report.page import render_tune
     from boltbeam.search.tune import reference_of, tunable, tune
     if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
-            or args.alone < 0 or not args.seconds_per_kernel > 0):
+            or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0):
         raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0, --budget >= 1, "
-                       "--alone >= 0 and --seconds-per-kernel above 0")
+                       "--alone >= 0, --seconds-per-kernel above 0 and --beam >= 0")
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         with Ledger(args.ledger) as ledger:
             done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
                                families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
-                               args.alone or None, args.seconds_per_kernel)
+                               args.alone or None, args.seconds_per_kernel, args.beam)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})
@@ -107,10 +110,11 @@ def _print(done, out) -> None:
     from collections import Counter
     con = report.console()
     tok_s = lambda us: "" if us is None else f"{1e6 / us:,.1f}"
+    predicted = lambda us: "" if us is None else f"{us:,.1f}"
     judged = [s for s in done.steps if s.verdict]
     con.print(report.table(f"{done.model} on {done.target}: each setting judged against the route so far (* joined it)",
                            ["family", "setting", "predicted µs", "tok/s before", "tok/s with it", "verdict", "ledger"],
-                           [[s.family, s.setting + (" *" if s.promoted else ""), f"{s.predicted_us:,.1f}",
+                           [[s.family, s.setting + (" *" if s.promoted else ""), predicted(s.predicted_us),
                              tok_s(s.before_us), tok_s(s.after_us), s.verdict,
                              f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged], right=(2, 3, 4)))
     for (family, why), n in Counter((s.family, s.skipped) for s in done.steps if s.skipped).items():

@@ -27,6 +27,7 @@ the same ledger times nothing and writes the same route. No setting starts after
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,18 +36,23 @@ from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
-from boltbeam.judge.judge import reference_gate
+from boltbeam.judge.judge import Checks, judge, reference_gate
+from boltbeam.judge.scope import ScopeKey
+from boltbeam.ledger.reopen import unless
 from boltbeam.measure import route as routes
+from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
 from boltbeam.route import gemv
 from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
-from boltbeam.search.choose import (WHOLE_TOKEN, Reference, TokenScope, baseline_of, check_on, choose, foreseen,
-                                    legal_space, profile_route, route_settings, with_setting)
+from boltbeam.search.choose import (WHOLE_TOKEN, FamilyScope, Reference, TokenScope, baseline_of, check_on, choose,
+                                    foreseen, label_of, legal_space, profile_route, recalled, route_settings,
+                                    with_setting)
 
-BEAM = 0     # the route's kernels keep tinygrad's heuristics: BEAM is not searched by tune
+BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
+BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
 DEFAULT_ONLY = "checked against tinygrad's default route only"
 
 
@@ -67,7 +73,7 @@ class Step:
     """One setting judged on the whole token against the route so far (or why it was not)."""
     family: str
     setting: str
-    predicted_us: float
+    predicted_us: float | None      # None: FutureSight predicts nothing of it (BEAM's search)
     before_us: float | None         # the route so far: its median token
     after_us: float | None          # with the setting: its median token
     verdict: str | None             # None: not judged (skipped says why)
@@ -222,13 +228,15 @@ def reference_of(model: str, census, device: str, context: int, tokens: int,
 def tune(model: str, census, device: str, target: Target, context: int, tokens: int, ledger, sha: str, out: Path,
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
-         reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0) -> tuple[Tune, Route]:
+         reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0,
+         beam: int = 0) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
     within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
     each setting's output is held to its tokens. With `alone`, gemv first times each product alone at its `alone`
     best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
-    the ledger judged that already, its setting is read and nothing is timed)."""
+    the ledger judged that already, its setting is read and nothing is timed). With `beam`, the last step: the route
+    so far with tinygrad's BEAM at that width for the kernels its families leave to tinygrad (beam_step)."""
     started = time.monotonic()
     deadline = started + minutes * 60
     record = Tune(model, sha, device, target.name, context, tokens, minutes, reference=reference,
@@ -293,9 +301,69 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         routes.save(route, folder / "route.json")     # the route the next family's settings go on
         on = str(folder / "route.json"), route
         baseline = _earlier(choice.chosen.trace, sha, device, context, route)
+    if beam:
+        folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
+        step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
+                                           beam, deadline, say, counted, reference)
+        record.steps.append(step)
+        record.out_of_time |= bool(step.skipped and step.skipped.startswith("out of time"))
+        if beamed is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            routes.save(beamed, folder / "route.json")
+            on = str(folder / "route.json"), beamed
     record.final_us = record.promoted[-1].after_us if record.promoted else record.start_us
     record.seconds = round(time.monotonic() - started, 1)
     return record, on[1]
+
+
+def beam_step(model: str, device: str, target: Target, context: int, tokens: int, ledger, sha: str, folder: Path,
+              on: tuple[str, Route], baseline, width: int, deadline: float, say: Callable[[str], None],
+              ran: Callable[[], None], reference: Reference | None) -> tuple[Step, Route | None, Any]:
+    """The route so far with tinygrad's BEAM at `width` for every kernel its families leave to tinygrad (the
+    norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, one
+    process a side as every family. Promoted, the route carries the kernels as that run compiled them (judged_by),
+    so a load rebuilds them without searching. A verdict the ledger holds in this scope is read, not timed again.
+    Returns the step, the route it leaves (None: unchanged) and the baseline (profiled here where none was)."""
+    route_on = on[1]
+    scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on)),
+                        target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
+    setting, candidate_id = str(width), f"{BEAM_STEP} {width}"
+    key = scope.of(setting)
+    trace = None
+    if (e := recalled(ledger, candidate_id, key)) is not None:
+        step = Step(BEAM_STEP, setting, None, e.scope.get(ScopeKey.BASELINE_MEDIAN_US), e.scope.get(ScopeKey.MEDIAN_US),
+                    e.verdict, e.reasons, e.id, False)
+        trace = next((ev["path"] for ev in e.evidence[1:]), None)
+    elif (skip := ledger.should_skip(candidate_id, key))[0]:
+        return Step(BEAM_STEP, setting, None, None, None, None, [], None, False, skip[1]), None, baseline
+    elif time.monotonic() >= deadline:
+        return Step(BEAM_STEP, setting, None, None, None, None, [], None, False,
+                    "out of time: the time budget was spent before it started"), None, baseline
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        if baseline is None:
+            say("the whole token on the route so far")
+            baseline = profile_route(model, device, str(folder / "baseline.json"), sha, context, tokens, BEAM, on)
+            ran()
+        candidate = dataclasses.replace(route_on, beam=width)
+        routes.save(candidate, folder / "candidate.json")
+        say(f"the whole token with BEAM {width} (tinygrad searches the kernels the families leave to it)")
+        trace = str(folder / f"beam_{width}.json")
+        profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate))
+        ran()
+        j = judge(baseline[1], tracefile.load(trace), Checks(
+            expected_route=label_of(route_on, width), candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
+            reference_tokens=reference.output_tokens if reference else None,
+            reference_engine=reference.engine if reference else None))
+        before, after = median(baseline[1].token_wall_us), median(tracefile.load(trace).token_wall_us)
+        ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
+            **j.scope.as_json(), **key, ScopeKey.MEDIAN_US: after, ScopeKey.BASELINE_MEDIAN_US: before},
+            evidence=[baseline[0], trace], reopen=j.reopen, actor="boltbeam tune")
+        step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True)
+    if step.verdict != "promote":
+        return step, None, baseline
+    step.promoted = True
+    return step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace), baseline
 
 
 def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int):
