@@ -129,6 +129,10 @@ def _print(done, out) -> None:
             con.print(f"not promoted: {s.family} {s.setting}, {s.verdict}: {escape(s.reasons[0])}")
     con.print("the order: " + "; ".join(escape(_turn(o)) for o in done.order))
     con.print(f"the output: {done.checked_against}")
+    if done.unmeasured:
+        con.print(f"FutureSight has measured no fraction of the bandwidth on {done.target} for products written as "
+                  f"{', '.join(done.unmeasured)}: it predicts them at the full bandwidth, so their settings may tie and "
+                  f"keep spaces.toml's order (`boltbeam search-calibrate --layout-trace` measures them)")
     if done.start_output:
         con.print(f"tinygrad's own route: {escape(done.start_output)}")
     con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "
