@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Planned for the next device session (written 2026-12-06, not yet run), one lease (~25 minutes):
+#  1. `boltbeam tune` on the 8B shape at 512 as issue 32 asks (fresh machine, 20 minutes), now with gemv's products
+#     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured;
+#  2. the best recorded route at 512 (../rotary/route.json, s16's BEAM choices imported) and tune's route, each in a
+#     fresh process on the same machine: within 3%?
+#  3. --half-cache with 64:kernel:burst:rotary at 4,096 (s18's run of it stopped at the burst fault, mended in 3ff5226).
+#   call A: bash bench/h200/s19/s19.sh start && bash bench/h200/s19/s19.sh wait 540    (carry .whl)
+#   call B...: bash bench/h200/s19/s19.sh wait S
+set -u
+export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
+source bench/h200/models.sh none            # stage, profile
+case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) export TARGET=h100-sxm ;; *) export TARGET=h200 ;; esac
+case $1 in
+  start)
+    mkdir -p "$O" && touch "$RUN/last_pack" "$O/attention.done"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    (setsid nohup bash bench/h200/s19/s19.sh run > "$O/run.log" 2>&1 < /dev/null &) ;;
+  run)
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$O/gpu_seconds.csv" &
+    stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
+    stage tune 1500 python3 -m boltbeam tune /tmp/m.gguf --device CUDA --target $TARGET --out "$RUN/tune" \
+      --ledger "$RUN/tune.sqlite" --context 512 --tokens 16 --budget 1 --minutes 17 --alone 64 \
+      --seconds-per-kernel 20 --beam 2 --json
+    mkdir -p "$O/tune" && cp "$RUN"/tune/{route.json,tune.json,report.html} "$RUN/tune.sqlite" "$O/tune/"
+    (cd "$RUN/tune" && tar czf "$O/tune/traces.tgz" traces)
+    [ -e "$RUN/tune/route.json" ] && profile 8b.512.tuned /tmp/m.gguf --context 512 --route "$RUN/tune/route.json"
+    python3 bench/h200/beam_cache.py import bench/h200/s16/run/beam_cache.json
+    profile 8b.512.best /tmp/m.gguf --context 512 --route bench/h200/rotary/route.json
+    profile 8b.4096.half.burst64 /tmp/m.gguf --context 4096 --route bench/h200/rotary/route.json --half-cache \
+      --split-attention 64:kernel:burst:rotary
+    kill %1; touch "$O/run.done" ;;
+  wait)
+    bash bench/h200/models.sh wait "$2" ;;
+esac
