@@ -7,7 +7,7 @@ import time
 
 from rich.markup import escape
 
-from boltbeam import report
+from boltbeam import report, switches
 from boltbeam.cli.search import JUDGE_TOKENS
 from boltbeam.errors import BadInput
 
@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    switches.DEV.set(args.device)   # tinygrad reads its device when first imported (gemv's products timed alone here)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     from boltbeam.bound.targets import get_target
@@ -107,7 +108,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(done, out) -> None:
-    from collections import Counter
     con = report.console()
     tok_s = lambda us: "" if us is None else f"{1e6 / us:,.1f}"
     predicted = lambda us: "" if us is None else f"{us:,.1f}"
@@ -117,8 +117,8 @@ def _print(done, out) -> None:
                            [[s.family, s.setting + (" *" if s.promoted else ""), predicted(s.predicted_us),
                              tok_s(s.before_us), tok_s(s.after_us), s.verdict,
                              f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged], right=(2, 3, 4)))
-    for (family, why), n in Counter((s.family, s.skipped) for s in done.steps if s.skipped).items():
-        con.print(f"not judged: {family}, {n} setting(s): {escape(why)}")
+    for u in done.not_judged():
+        con.print(f"not judged: {u.family}, {u.settings} setting(s): {escape(u.why)}")
     for s in done.skipped:
         con.print(f"skipped {s.family}: {escape(s.why)}")
     if done.out_of_time:

@@ -5,7 +5,6 @@ rendered by Jinja2 with autoescaping on: every name, path and reason is text, ne
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,7 +224,6 @@ def render_tune(tuned) -> str:
     steps = [[Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")), Cell(s.verdict),
               *(Cell(_num(1e6 / us if us else None, 1), True) for us in (s.before_us, s.after_us)),
               Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))] for s in tuned.steps if s.verdict]
-    unjudged = Counter((s.family, s.skipped) for s in tuned.steps if s.skipped)
     return _environment().get_template("tune.html.j2").render(
         title=f"{Path(tuned.model).name} on {tuned.target}", tuned=tuned, charts=[chart], steps=steps,
-        unjudged=[(family, why, n) for (family, why), n in unjudged.items()], version=__version__)
+        unjudged=[(u.family, u.why, u.settings) for u in tuned.not_judged()], version=__version__)

@@ -43,6 +43,8 @@ from boltbeam.search.future import Calibration, calibration
 from boltbeam.search.space import families, on_target
 
 WHOLE_TOKEN = BY_NAME     # the families judged on the whole token: every generated one
+BEYOND_BUDGET = "beyond the budget"     # a setting not judged: past the --budget best predicted (the reason's start)
+OUT_OF_TIME = "out of time: the time budget was spent before it started"
 
 
 @dataclass
@@ -355,10 +357,10 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             c.skipped = why
             continue
         if budget is not None and tried >= budget:
-            c.skipped = f"beyond the budget: FutureSight kept the {budget} best predicted setting(s)"
+            c.skipped = f"{BEYOND_BUDGET}: FutureSight kept the {budget} best predicted setting(s)"
             continue
         if deadline is not None and time.monotonic() >= deadline:
-            c.skipped = "out of time: the time budget was spent before it started"
+            c.skipped = OUT_OF_TIME
             continue
         tried += 1
         baseline_path, trace_base = base()

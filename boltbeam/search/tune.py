@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
@@ -48,9 +49,9 @@ from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
 from boltbeam.search.future import WRITERS, calibration
-from boltbeam.search.choose import (WHOLE_TOKEN, FamilyScope, Reference, TokenScope, baseline_of, check_on, choose,
-                                    foreseen, label_of, legal_space, profile_route, recalled, route_settings,
-                                    with_setting)
+from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, TokenScope,
+                                    baseline_of, check_on, choose, foreseen, label_of, legal_space, profile_route,
+                                    recalled, route_settings, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -87,6 +88,14 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
         return {**asdict(self), "before_tok_s": tok_s(self.before_us), "after_tok_s": tok_s(self.after_us)}
+
+
+@dataclass
+class Unjudged:
+    """A family's settings not judged for one reason shared by many (past the budget, out of time), counted."""
+    family: str
+    why: str
+    settings: int
 
 
 @dataclass
@@ -187,7 +196,8 @@ class Tune:
     reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
     start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled)
     order: list[Outlook] = field(default_factory=list)    # the families in the order they ran, each as it was chosen
-    steps: list[Step] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)       # each setting judged, read, or skipped for its own reason
+    unjudged: list[Unjudged] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     start_us: float | None = None    # tinygrad's own route (the first baseline)
     final_us: float | None = None    # the route written
@@ -201,6 +211,11 @@ class Tune:
     @property
     def promoted(self) -> list[Step]:
         return [s for s in self.steps if s.promoted]
+
+    def not_judged(self) -> list[Unjudged]:
+        """Every setting not judged, counted by family and reason: the counted ones and the steps skipped."""
+        skipped = Counter((s.family, s.skipped) for s in self.steps if s.skipped)
+        return [*self.unjudged, *(Unjudged(family, why, n) for (family, why), n in skipped.items())]
 
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
@@ -293,11 +308,16 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
                         reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds)
         record.start_us = record.start_us or choice.baseline_median_us
         record.alone += choice.alone
+        unjudged = Counter()
         for c in choice.candidates:
-            record.out_of_time |= bool(c.skipped and c.skipped.startswith("out of time"))
+            record.out_of_time |= c.skipped == OUT_OF_TIME
+            if c.skipped and (c.skipped == OUT_OF_TIME or c.skipped.startswith(BEYOND_BUDGET)):
+                unjudged[c.skipped] += 1      # counted, not listed: gemv alone has thousands of legal geometries
+                continue
             record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
                                      c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
                                      c.skipped, c is choice.chosen))
+        record.unjudged += [Unjudged(family.name, why, n) for why, n in unjudged.items()]
         if choice.chosen is None:     # the route stays: so does its profile, where this family made one
             baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1])
             continue
@@ -310,7 +330,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
                                            beam, deadline, say, counted, reference)
         record.steps.append(step)
-        record.out_of_time |= bool(step.skipped and step.skipped.startswith("out of time"))
+        record.out_of_time |= step.skipped == OUT_OF_TIME
         if beamed is not None:
             folder.mkdir(parents=True, exist_ok=True)
             routes.save(beamed, folder / "route.json")
@@ -341,8 +361,7 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     elif (skip := ledger.should_skip(candidate_id, key))[0]:
         return Step(BEAM_STEP, setting, None, None, None, None, [], None, False, skip[1]), None, baseline
     elif time.monotonic() >= deadline:
-        return Step(BEAM_STEP, setting, None, None, None, None, [], None, False,
-                    "out of time: the time budget was spent before it started"), None, baseline
+        return Step(BEAM_STEP, setting, None, None, None, None, [], None, False, OUT_OF_TIME), None, baseline
     else:
         folder.mkdir(parents=True, exist_ok=True)
         if baseline is None:
