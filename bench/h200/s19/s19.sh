@@ -4,7 +4,9 @@
 #     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured;
 #  2. the best recorded route at 512 (../rotary/route.json, s16's BEAM choices imported) and tune's route, each in a
 #     fresh process on the same machine: within 3%?
-#  3. --half-cache with 64:kernel:burst:rotary at 4,096 (s18's run of it stopped at the burst fault, mended in 3ff5226).
+#  3. --half-cache with 64:kernel:burst:rotary at 4,096 (s18's run of it stopped at the burst fault, mended in 3ff5226);
+#  4. the prefill's chunks timed with the layout's products fused as today and on weights unpacked once a chunk
+#     (../prefill.py): where a profile's ~84 s of prefill at 4,096 go.
 #   call A: bash bench/h200/s19/s19.sh start && bash bench/h200/s19/s19.sh wait 540    (carry .whl)
 #   call B...: bash bench/h200/s19/s19.sh wait S
 set -u
@@ -29,6 +31,10 @@ case $1 in
     profile 8b.512.best /tmp/m.gguf --context 512 --route bench/h200/rotary/route.json
     profile 8b.4096.half.burst64 /tmp/m.gguf --context 4096 --route bench/h200/rotary/route.json --half-cache \
       --split-attention 64:kernel:burst:rotary
+    for variant in fused materialized; do
+      stage prefill.$variant 300 python3 bench/h200/prefill.py /tmp/m.gguf bench/h200/rotary/route.json 512 $variant \
+        "$O/prefill_$variant.json"
+    done
     kill %1; touch "$O/run.done" ;;
   wait)
     bash bench/h200/models.sh wait "$2" ;;
