@@ -13,6 +13,7 @@ from boltbeam.errors import BadInput
 
 OUTPUTS = ("route.json", "tune.json", "report.html")
 ALONE, SECONDS = 64, 20.0     # gemv's products timed alone: geometries and seconds a product (8 shapes on the 8B)
+PROCESSES = 2                 # a side's processes (judge_processes)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "0: only geometries shared by every product)")
     p.add_argument("--seconds-per-kernel", type=float, default=SECONDS, metavar="S",
                    help=f"with --alone: at most S seconds of timing a product (default {SECONDS:g})")
+    p.add_argument("--processes", type=int, default=PROCESSES, metavar="P", help="processes a side for each verdict: "
+                   "every pair of a baseline's and a candidate's processes must give it (one route's processes on one "
+                   f"H200 measured 3.6%% apart; default {PROCESSES})")
     p.add_argument("--beam", type=int, default=0, metavar="W", help="the last step: the route so far with tinygrad's "
                    "BEAM at width W for the kernels its families leave to tinygrad, judged like a family; promoted, "
                    "the route carries what BEAM chose (default 0: no BEAM)")
@@ -69,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.report.page import render_tune
     from boltbeam.search.tune import reference_of, tunable, tune
     if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
-            or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0):
+            or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0 or args.processes < 1):
         raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0, --budget >= 1, "
-                       "--alone >= 0, --seconds-per-kernel above 0 and --beam >= 0")
+                       "--alone >= 0, --seconds-per-kernel above 0, --beam >= 0 and --processes >= 1")
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         with Ledger(args.ledger) as ledger:
             done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
                                families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
-                               args.alone or None, args.seconds_per_kernel, args.beam)
+                               args.alone or None, args.seconds_per_kernel, args.beam, args.processes)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})

@@ -31,6 +31,7 @@ class ScopeKey:
     REPS = "reps"
     BEAM = "beam"
     TOKENS = "tokens"
+    PROCESSES = "processes"            # processes a side a whole-token verdict was judged on (stored where above 1)
     ON = "on"                          # the label of the route a whole-token setting went on
     ROUTE = "route"                    # what that route sets of each whole-token family
     REFERENCE = "reference"            # the reference engine's tokens the output was held to

@@ -27,10 +27,11 @@ from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
-from boltbeam.judge.judge import Checks, judge
+from boltbeam.judge.judge import Checks, judge_processes
 from boltbeam.judge.scope import ScopeKey
 from boltbeam.ledger.reopen import unless
 from boltbeam.measure import trace as tracefile
+from boltbeam.measure.trace import Trace
 from boltbeam.measure.route import LAYOUT_LABEL, Route, engine, routed_label
 from boltbeam.measure.tinygrad_run import profile_elsewhere
 from boltbeam.route import gemv
@@ -87,11 +88,12 @@ class TokenScope:
     context: int
     tokens: int
     route: dict[str, Any] | None
+    processes: int = 1        # a side's processes (judge_processes); one, as every verdict before it, is not stored
 
     def as_json(self) -> dict[str, Any]:
         return {ScopeKey.DEVICE: self.device, ScopeKey.ENGINE: self.engine, ScopeKey.MODEL_SHA256: self.model_sha256,
                 ScopeKey.BEAM: self.beam, ScopeKey.CONTEXT: self.context, ScopeKey.TOKENS: self.tokens,
-                ScopeKey.ROUTE: self.route}
+                ScopeKey.ROUTE: self.route, **({ScopeKey.PROCESSES: self.processes} if self.processes > 1 else {})}
 
 
 @dataclass(frozen=True)
@@ -179,14 +181,42 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     return base
 
 
+def evidence(baseline: str, candidate: str, processes: int) -> list[str]:
+    """A verdict's files for the ledger: the baseline's first process, the candidate's first (what a later run reads
+    back as the candidate's trace), then every other process's file of each side."""
+    bases, candidates = (process_paths(p, processes) for p in (baseline, candidate))
+    return [bases[0], candidates[0], *(p for p in bases[1:] + candidates[1:] if Path(p).is_file())]
+
+
+def process_paths(path: str, processes: int) -> list[str]:
+    """The trace files of one side profiled in `processes` processes: `path`, then NAME.p2.json and on beside it."""
+    p = Path(path)
+    return [path, *(str(p.with_name(f"{p.stem}.p{i}{p.suffix}")) for i in range(2, processes + 1))]
+
+
+def side(path: str, processes: int) -> list[Trace]:
+    """A side's traces: `path` and the other processes' files beside it, those that exist (a baseline given as one
+    file is one process)."""
+    return [tracefile.load(p) for p in process_paths(path, processes) if Path(p).is_file()]
+
+
+def pooled_median(traces: list[Trace]) -> float:
+    """The median whole token over every process of a side."""
+    return median(t for trace in traces for t in trace.token_wall_us)
+
+
 def profile_route(model: str, device: str, path: str, sha: str, context: int, tokens: int, beam: int,
-                  on: tuple[str, Route] | None) -> tuple[str, Any]:
-    """The whole token on the route `on` (path, route; None: tinygrad's own) profiled in a fresh process into
-    `path`: a baseline (path, trace), as baseline_of reads it."""
+                  on: tuple[str, Route] | None, processes: int = 1,
+                  ran: Callable[[], None] = lambda: None) -> tuple[str, Any]:
+    """The whole token on the route `on` (path, route; None: tinygrad's own) profiled into `path`, and in
+    `processes` - 1 more processes beside it (process_paths), each fresh; `ran` is called after each: a baseline
+    (path, trace of the first), as baseline_of reads it."""
     path_on, route_on = on if on else ("none", None)
-    if failed := profile_elsewhere(model, device, path, "--context", str(context), "--tokens", str(tokens), "--beam",
-                                   str(beam), "--route", path_on):
-        raise Refused(f"profiling the baseline failed: {failed}")
+    for each in process_paths(path, processes):
+        if failed := profile_elsewhere(model, device, each, "--context", str(context), "--tokens", str(tokens),
+                                       "--beam", str(beam), "--route", path_on):
+            raise Refused(f"profiling the baseline failed: {failed}")
+        ran()
     return path, baseline_of(path, sha, device, context, beam, route_on)
 
 
@@ -302,7 +332,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
            alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
            deadline: float | None = None, ran: Callable[[], None] = lambda: None,
-           reference: Reference | None = None) -> Choice:
+           reference: Reference | None = None, processes: int = 1) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
     against that route as it is (BEAM width `beam` on both
@@ -313,12 +343,14 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     With `recall`, a setting the ledger judged in exactly this scope keeps that verdict and is not timed
     again, and the baseline is profiled only when a setting runs. No setting starts after `deadline`
     (time.monotonic()); `ran` is called after each profile. With `reference`, a setting's output is held to the
-    reference engine's tokens (the judge's reference gate), and the ledger's scope says so."""
+    reference engine's tokens (the judge's reference gate), and the ledger's scope says so. Each side runs in
+    `processes` processes (the baseline's other processes beside its file, process_paths) and the verdict is the
+    one every pair of processes gives (judge_processes)."""
     path_on, route_on = on if on else ("none", None)
     candidates, rejected = foreseen(family, census, context, target, on)
     current = route_on.families.get(family.key) if route_on else None
-    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on)), target.name,
-                        family.name, label_of(route_on, beam), reference)
+    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on), processes),
+                        target.name, family.name, label_of(route_on, beam), reference)
     products = []
     if alone:
         first = recalled_per_product(ledger, scope) if recall else None
@@ -332,12 +364,12 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         nonlocal baseline
         if baseline is None:
             say("the whole token without the family")
-            baseline = profile_route(model, device, str(out / "baseline.json"), sha, context, tokens, beam, on)
-            ran()
+            baseline = profile_route(model, device, str(out / "baseline.json"), sha, context, tokens, beam, on,
+                                     processes, ran)
         return baseline
     if not recall:
         base()
-    base_us = median(baseline[1].token_wall_us) if baseline else None
+    base_us = pooled_median(side(baseline[0], processes)) if baseline else None
     tried = 0
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
@@ -363,26 +395,28 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             c.skipped = OUT_OF_TIME
             continue
         tried += 1
-        baseline_path, trace_base = base()
-        base_us = median(trace_base.token_wall_us)
+        baseline_path = base()[0]
+        bases = side(baseline_path, processes)
+        base_us = pooled_median(bases)
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
-        if failed := profile_elsewhere(model, device, str(path), *flags, *family.flags(c.setting)):
-            raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
-        ran()
-        trace = tracefile.load(str(path))
+        for each in process_paths(str(path), processes):
+            if failed := profile_elsewhere(model, device, each, *flags, *family.flags(c.setting)):
+                raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
+            ran()
+        traces = side(str(path), processes)
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j = judge(trace_base, trace, Checks(expected_route=label_of(route_on, beam, labels(expected.families)),
-                                            candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
-                                            reference_tokens=reference.output_tokens if reference else None,
-                                            reference_engine=reference.engine if reference else None))
+        j = judge_processes(bases, traces, Checks(
+            expected_route=label_of(route_on, beam, labels(expected.families)), candidate_id=candidate_id,
+            reopen=unless(ScopeKey.ENGINE, engine()), reference_tokens=reference.output_tokens if reference else None,
+            reference_engine=reference.engine if reference else None))
         c.verdict, c.reasons = j.verdict, j.reasons
-        c.median_us = median(trace.token_wall_us)
+        c.median_us = pooled_median(traces)
         c.ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
             **j.scope.as_json(), **key, ScopeKey.PREDICTED_US: c.predicted_us, ScopeKey.MEDIAN_US: c.median_us,
-            ScopeKey.BASELINE_MEDIAN_US: base_us}, evidence=[baseline_path, str(path)], reopen=j.reopen,
-            actor="boltbeam search")
+            ScopeKey.BASELINE_MEDIAN_US: base_us}, evidence=evidence(baseline_path, str(path), processes),
+            reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
     return Choice(family.name, base_us, candidates, chosen, dict(rejected), products)

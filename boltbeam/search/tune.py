@@ -37,11 +37,10 @@ from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
-from boltbeam.judge.judge import Checks, judge, reference_gate
+from boltbeam.judge.judge import Checks, judge_processes, reference_gate
 from boltbeam.judge.scope import ScopeKey
 from boltbeam.ledger.reopen import unless
 from boltbeam.measure import route as routes
-from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
 from boltbeam.route import gemv
@@ -50,8 +49,8 @@ from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
 from boltbeam.search.future import WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, TokenScope,
-                                    baseline_of, check_on, choose, foreseen, label_of, legal_space, profile_route,
-                                    recalled, route_settings, with_setting)
+                                    baseline_of, check_on, choose, evidence, foreseen, label_of, legal_space,
+                                    pooled_median, profile_route, recalled, route_settings, side, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -247,14 +246,15 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
          reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0,
-         beam: int = 0) -> tuple[Tune, Route]:
+         beam: int = 0, processes: int = 1) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
     within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
     each setting's output is held to its tokens. With `alone`, gemv first times each product alone at its `alone`
     best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
     the ledger judged that already, its setting is read and nothing is timed). With `beam`, the last step: the route
-    so far with tinygrad's BEAM at that width for the kernels its families leave to tinygrad (beam_step)."""
+    so far with tinygrad's BEAM at that width for the kernels its families leave to tinygrad (beam_step). Each side
+    of each verdict runs in `processes` processes (choose)."""
     started = time.monotonic()
     deadline = started + minutes * 60
     record = Tune(model, sha, device, target.name, context, tokens, minutes, reference=reference,
@@ -272,7 +272,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         ran()
     waiting = list(families)
     while waiting:
-        left(sum(planned(f, target, budget) for f in waiting))
+        left(processes * sum(planned(f, target, budget) for f in waiting))
         ready, why_not = [], {}
         for f in waiting:
             try:
@@ -287,12 +287,11 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             break
         if baseline is None and any(f.key not in of_route(on[1], on[0]) for f in ready):
             # the route's profile prices the families it does not set, and is the next family's baseline
-            baseline = ledger_profile(ledger, on, sha, device, context, tokens)
+            baseline = ledger_profile(ledger, on, sha, device, context, tokens, processes)
             if baseline is None and time.monotonic() < deadline:
                 say("the whole token on the route so far")
                 baseline = profile_route(model, device, str(Path(on[0]).with_suffix(".trace.json")), sha, context,
-                                         tokens, BEAM, on)
-                counted()
+                                         tokens, BEAM, on, processes, counted)
         if reference and on[1] is start and record.start_output is None and baseline:
             # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
             record.start_output = reference_gate(baseline[1], reference.engine, reference.output_tokens,
@@ -305,7 +304,8 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         folder.mkdir(parents=True, exist_ok=True)
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
                         budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
-                        reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds)
+                        reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds,
+                        processes=processes)
         record.start_us = record.start_us or choice.baseline_median_us
         record.alone += choice.alone
         unjudged = Counter()
@@ -328,7 +328,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     if beam:
         folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
-                                           beam, deadline, say, counted, reference)
+                                           beam, deadline, say, counted, reference, processes)
         record.steps.append(step)
         record.out_of_time |= step.skipped == OUT_OF_TIME
         if beamed is not None:
@@ -342,14 +342,15 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
 
 def beam_step(model: str, device: str, target: Target, context: int, tokens: int, ledger, sha: str, folder: Path,
               on: tuple[str, Route], baseline, width: int, deadline: float, say: Callable[[str], None],
-              ran: Callable[[], None], reference: Reference | None) -> tuple[Step, Route | None, Any]:
+              ran: Callable[[], None], reference: Reference | None, processes: int = 1
+              ) -> tuple[Step, Route | None, Any]:
     """The route so far with tinygrad's BEAM at `width` for every kernel its families leave to tinygrad (the
-    norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, one
-    process a side as every family. Promoted, the route carries the kernels as that run compiled them (judged_by),
+    norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, in
+    `processes` processes a side as every family (the later ones take BEAM's choices from tinygrad's cache). Promoted, the route carries the kernels as that run compiled them (judged_by),
     so a load rebuilds them without searching. A verdict the ledger holds in this scope is read, not timed again.
     Returns the step, the route it leaves (None: unchanged) and the baseline (profiled here where none was)."""
     route_on = on[1]
-    scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on)),
+    scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes),
                         target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
     setting, candidate_id = str(width), f"{BEAM_STEP} {width}"
     key = scope.of(setting)
@@ -366,22 +367,23 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
         folder.mkdir(parents=True, exist_ok=True)
         if baseline is None:
             say("the whole token on the route so far")
-            baseline = profile_route(model, device, str(folder / "baseline.json"), sha, context, tokens, BEAM, on)
-            ran()
+            baseline = profile_route(model, device, str(folder / "baseline.json"), sha, context, tokens, BEAM, on,
+                                     processes, ran)
         candidate = dataclasses.replace(route_on, beam=width)
         routes.save(candidate, folder / "candidate.json")
         say(f"the whole token with BEAM {width} (tinygrad searches the kernels the families leave to it)")
         trace = str(folder / f"beam_{width}.json")
-        profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate))
-        ran()
-        j = judge(baseline[1], tracefile.load(trace), Checks(
+        profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate),
+                      processes, ran)
+        bases, traces = side(baseline[0], processes), side(trace, processes)
+        j = judge_processes(bases, traces, Checks(
             expected_route=label_of(route_on, width), candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
             reference_tokens=reference.output_tokens if reference else None,
             reference_engine=reference.engine if reference else None))
-        before, after = median(baseline[1].token_wall_us), median(tracefile.load(trace).token_wall_us)
+        before, after = pooled_median(bases), pooled_median(traces)
         ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
             **j.scope.as_json(), **key, ScopeKey.MEDIAN_US: after, ScopeKey.BASELINE_MEDIAN_US: before},
-            evidence=[baseline[0], trace], reopen=j.reopen, actor="boltbeam tune")
+            evidence=evidence(baseline[0], trace, processes), reopen=j.reopen, actor="boltbeam tune")
         step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True)
     if step.verdict != "promote":
         return step, None, baseline
@@ -389,13 +391,14 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     return step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace), baseline
 
 
-def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int):
+def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int,
+                   processes: int = 1):
     """The profile of the route `on` (path, route) that the newest verdict the ledger holds on it (this model,
     device, engine, depth and tokens) was judged against, as a baseline, where the file stands as the ledger hashed
     it (else None)."""
     from boltbeam.files import sha256_file
     from boltbeam.ledger.store import scope_matches
-    key = TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(on[1])).as_json()
+    key = TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(on[1]), processes).as_json()
     for e in reversed(ledger.entries()):
         if not e.evidence or not scope_matches(e.scope, key):
             continue
