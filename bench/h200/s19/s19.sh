@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Planned for the next device session (written 2026-12-06, not yet run), one lease (~25 minutes):
 #  1. `boltbeam tune` on the 8B shape at 512 as issue 32 asks (fresh machine, 20 minutes), now with gemv's products
-#     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured;
+#     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured, two
+#     processes a side (--processes 2; s18's ran one: ~100 s a profile there, so 18 profiles may not fit 17 minutes);
+#     the half cache left out (inconclusive at 4,096 on the H100, s17);
 #  2. the best recorded route at 512 (../rotary/route.json, s16's BEAM choices imported) and tune's route, each in a
 #     fresh process on the same machine: within 3%?
 #  3. --half-cache with 64:kernel:burst:rotary at 4,096 (s18's run of it stopped at the burst fault, mended in 3ff5226);
@@ -23,7 +25,8 @@ case $1 in
     stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
     stage tune 1500 python3 -m boltbeam tune /tmp/m.gguf --device CUDA --target $TARGET --out "$RUN/tune" \
       --ledger "$RUN/tune.sqlite" --context 512 --tokens 16 --budget 1 --minutes 17 --alone 64 \
-      --seconds-per-kernel 20 --beam 2 --json
+      --seconds-per-kernel 20 --beam 2 --processes 2 --json \
+      --families repacked_layout,split_attention,gemv,fusion,constants_once,direct_replay
     mkdir -p "$O/tune" && cp "$RUN"/tune/{route.json,tune.json,report.html} "$RUN/tune.sqlite" "$O/tune/"
     (cd "$RUN/tune" && tar czf "$O/tune/traces.tgz" traces)
     [ -e "$RUN/tune/route.json" ] && profile 8b.512.tuned /tmp/m.gguf --context 512 --route "$RUN/tune/route.json"
