@@ -181,6 +181,23 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     return base
 
 
+def judge_sides(ledger, candidate_id: str, key: dict[str, Any], baseline: str, candidate: str, processes: int,
+                expected_route: str, reference: Reference | None, actor: str):
+    """One setting's verdict: every process of the baseline side (its first file `baseline`) against every process of
+    the candidate's (judge_processes), its output held to the reference's tokens where given, recorded in the ledger
+    with `key` and both sides' medians over their processes. Returns the judgement, those medians and the entry's id."""
+    bases, traces = side(baseline, processes), side(candidate, processes)
+    j = judge_processes(bases, traces, Checks(
+        expected_route=expected_route, candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
+        reference_tokens=reference.output_tokens if reference else None,
+        reference_engine=reference.engine if reference else None))
+    before, after = pooled_median(bases), pooled_median(traces)
+    ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
+        **j.scope.as_json(), **key, ScopeKey.MEDIAN_US: after, ScopeKey.BASELINE_MEDIAN_US: before},
+        evidence=evidence(baseline, candidate, processes), reopen=j.reopen, actor=actor)
+    return j, before, after, ledger_id
+
+
 def evidence(baseline: str, candidate: str, processes: int) -> list[str]:
     """A verdict's files for the ledger: the baseline's first process, the candidate's first (what a later run reads
     back as the candidate's trace), then every other process's file of each side."""
@@ -396,8 +413,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             continue
         tried += 1
         baseline_path = base()[0]
-        bases = side(baseline_path, processes)
-        base_us = pooled_median(bases)
+        base_us = pooled_median(side(baseline_path, processes))
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
@@ -405,18 +421,11 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             if failed := profile_elsewhere(model, device, each, *flags, *family.flags(c.setting)):
                 raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
             ran()
-        traces = side(str(path), processes)
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j = judge_processes(bases, traces, Checks(
-            expected_route=label_of(route_on, beam, labels(expected.families)), candidate_id=candidate_id,
-            reopen=unless(ScopeKey.ENGINE, engine()), reference_tokens=reference.output_tokens if reference else None,
-            reference_engine=reference.engine if reference else None))
+        j, _, c.median_us, c.ledger_id = judge_sides(
+            ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us}, baseline_path, str(path), processes,
+            label_of(route_on, beam, labels(expected.families)), reference, "boltbeam search")
         c.verdict, c.reasons = j.verdict, j.reasons
-        c.median_us = pooled_median(traces)
-        c.ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
-            **j.scope.as_json(), **key, ScopeKey.PREDICTED_US: c.predicted_us, ScopeKey.MEDIAN_US: c.median_us,
-            ScopeKey.BASELINE_MEDIAN_US: base_us}, evidence=evidence(baseline_path, str(path), processes),
-            reopen=j.reopen, actor="boltbeam search")
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
     return Choice(family.name, base_us, candidates, chosen, dict(rejected), products)

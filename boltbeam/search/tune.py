@@ -37,9 +37,8 @@ from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
-from boltbeam.judge.judge import Checks, judge_processes, reference_gate
+from boltbeam.judge.judge import reference_gate
 from boltbeam.judge.scope import ScopeKey
-from boltbeam.ledger.reopen import unless
 from boltbeam.measure import route as routes
 from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
@@ -49,8 +48,8 @@ from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
 from boltbeam.search.future import WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, TokenScope,
-                                    baseline_of, check_on, choose, evidence, foreseen, label_of, legal_space,
-                                    pooled_median, profile_route, recalled, route_settings, side, with_setting)
+                                    baseline_of, check_on, choose, foreseen, judge_sides, label_of, legal_space,
+                                    profile_route, recalled, route_settings, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -346,9 +345,10 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
               ) -> tuple[Step, Route | None, Any]:
     """The route so far with tinygrad's BEAM at `width` for every kernel its families leave to tinygrad (the
     norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, in
-    `processes` processes a side as every family (the later ones take BEAM's choices from tinygrad's cache). Promoted, the route carries the kernels as that run compiled them (judged_by),
-    so a load rebuilds them without searching. A verdict the ledger holds in this scope is read, not timed again.
-    Returns the step, the route it leaves (None: unchanged) and the baseline (profiled here where none was)."""
+    `processes` processes a side as every family (the later ones take BEAM's choices from tinygrad's cache).
+    Promoted, the route carries the kernels as that run compiled them (judged_by), so a load rebuilds them without
+    searching. A verdict the ledger holds in this scope is read, not timed again. Returns the step, the route it
+    leaves (None: unchanged) and the baseline (profiled here where none was)."""
     route_on = on[1]
     scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes),
                         target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
@@ -375,15 +375,8 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
         trace = str(folder / f"beam_{width}.json")
         profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate),
                       processes, ran)
-        bases, traces = side(baseline[0], processes), side(trace, processes)
-        j = judge_processes(bases, traces, Checks(
-            expected_route=label_of(route_on, width), candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
-            reference_tokens=reference.output_tokens if reference else None,
-            reference_engine=reference.engine if reference else None))
-        before, after = pooled_median(bases), pooled_median(traces)
-        ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
-            **j.scope.as_json(), **key, ScopeKey.MEDIAN_US: after, ScopeKey.BASELINE_MEDIAN_US: before},
-            evidence=evidence(baseline[0], trace, processes), reopen=j.reopen, actor="boltbeam tune")
+        j, before, after, ledger_id = judge_sides(ledger, candidate_id, key, baseline[0], trace, processes,
+                                                  label_of(route_on, width), reference, "boltbeam tune")
         step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True)
     if step.verdict != "promote":
         return step, None, baseline
