@@ -229,6 +229,8 @@ def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, t
     (["--tokens", "4"], "--tokens >= 5"),
     (["--alone", "-1"], "--alone >= 0"),
     (["--seconds-per-kernel", "0"], "--seconds-per-kernel above 0"),
+    (["--beam", "-1"], "--beam >= 0"),
+    (["--processes", "0"], "--processes >= 1"),
     (["--families", "repacked_layout,nope"], "unknown nope"),
     (["--target", "nope"], "unknown target 'nope'"),
     (["--reference"], "needs llama-cpp-python"),      # no binding here (the stand-in is not on the path)
