@@ -302,6 +302,21 @@ def test_a_second_run_reads_gemvs_products_from_the_ledger_and_times_none_alone(
     first = done.candidates[0]
     assert first.flag == setting.flag and first.recalled and first.verdict == "promote" and first.ledger_id == 1
     assert first.predicted_us == 7.0 and done.chosen is first and done.alone == []
+    # Past the deadline nothing is timed alone either (the products' timing would be thrown away).
+    with Ledger(tmp_path / "empty.sqlite") as ledger:
+        late = choose.choose(gemv.FAMILY, tiny_model, census, "CPU", 4, 5, target, ledger, on.model_sha256, tmp_path,
+                             budget=1, on=(str(tmp_path / "on.json"), on), recall=True, alone=2, deadline=0.0)
+    assert late.alone == [] and all(c.skipped for c in late.candidates)
+
+
+def test_a_verdict_on_one_process_a_side_is_not_read_as_one_on_two():
+    """The scope's processes: null for one (as a ledger older than the key reads), the count above one; a verdict
+    judged on two processes a side answers only a run on two, and an old one only a run on one."""
+    from boltbeam.ledger.store import scope_matches
+    one, two = (choose.TokenScope("s", "CPU", "e", 0, 4, 5, None, p).as_json() for p in (1, 2))
+    old = {k: v for k, v in one.items() if k != "processes"}
+    assert scope_matches(two, two) and not scope_matches(two, one) and not scope_matches(one, two)
+    assert scope_matches(old, one) and not scope_matches(old, two)
 
 
 def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_model, tmp_path, profiles, capsys,
@@ -325,12 +340,12 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     assert main(args) == 0
     done = json.loads(capsys.readouterr().out)
     last = done["steps"][-1]
-    assert last["family"] == tune.BEAM_STEP and last["setting"] == "1" and last["predicted_us"] is None
+    assert last["family"] == tune.BEAM_STEP and last["setting"] == "width=1" and last["predicted_us"] is None
     assert last["verdict"] in VERDICTS and last["timed"] and last["before_us"] > 0 and last["after_us"] > 0
     assert profiles[-1] == str(out / "traces" / "2_beam" / "beam_1.json")
     with Ledger(ledger, create=False) as led:
         entry = led.entries()[-1]
-    assert (entry.id, entry.candidate, entry.verdict) == (last["ledger_id"], "beam 1", last["verdict"])
+    assert (entry.id, entry.candidate, entry.verdict) == (last["ledger_id"], "beam width=1", last["verdict"])
     route = routes.load(str(out / "route.json"))
     before = done["steps"][-2]
     assert ("constants_once" in route.families) == before["promoted"]
@@ -343,4 +358,4 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
     assert profiles == [] and (out / "route.json").read_bytes() == route_bytes
-    assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("1", last["verdict"], False)
+    assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("width=1", last["verdict"], False)

@@ -88,12 +88,12 @@ class TokenScope:
     context: int
     tokens: int
     route: dict[str, Any] | None
-    processes: int = 1        # a side's processes (judge_processes); one, as every verdict before it, is not stored
+    processes: int = 1        # a side's processes (judge_processes); one is null, as a ledger older than the key reads
 
     def as_json(self) -> dict[str, Any]:
         return {ScopeKey.DEVICE: self.device, ScopeKey.ENGINE: self.engine, ScopeKey.MODEL_SHA256: self.model_sha256,
                 ScopeKey.BEAM: self.beam, ScopeKey.CONTEXT: self.context, ScopeKey.TOKENS: self.tokens,
-                ScopeKey.ROUTE: self.route, **({ScopeKey.PROCESSES: self.processes} if self.processes > 1 else {})}
+                ScopeKey.ROUTE: self.route, ScopeKey.PROCESSES: self.processes if self.processes > 1 else None}
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on), processes),
                         target.name, family.name, label_of(route_on, beam), reference)
     products = []
-    if alone:
+    if alone and (deadline is None or time.monotonic() < deadline):
         first = recalled_per_product(ledger, scope) if recall else None
         if first is None:
             first, products = per_product(census, route_on, legal_space(family, target)[0], target,

@@ -329,6 +329,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
                                            beam, deadline, say, counted, reference, processes)
         record.steps.append(step)
+        record.start_us = record.start_us or step.before_us
         record.out_of_time |= step.skipped == OUT_OF_TIME
         if beamed is not None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -352,7 +353,8 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     route_on = on[1]
     scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes),
                         target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
-    setting, candidate_id = str(width), f"{BEAM_STEP} {width}"
+    setting = f"width={width}"      # not a bare number: the ledger's should_skip matches settings across families
+    candidate_id = f"{BEAM_STEP} {setting}"
     key = scope.of(setting)
     trace = None
     if (e := recalled(ledger, candidate_id, key)) is not None:
@@ -395,8 +397,8 @@ def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context
     for e in reversed(ledger.entries()):
         if not e.evidence or not scope_matches(e.scope, key):
             continue
-        first = e.evidence[0]
-        if Path(first["path"]).is_file() and sha256_file(first["path"]) == first["sha256"] and \
+        first = e.evidence[0]       # the baseline's first process; every file must stand as the ledger hashed it
+        if all(Path(ev["path"]).is_file() and sha256_file(ev["path"]) == ev["sha256"] for ev in e.evidence) and \
                 (found := _earlier(first["path"], sha, device, context, on[1])):
             return found
     return None
