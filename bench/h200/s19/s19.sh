@@ -2,7 +2,7 @@
 # Planned for the next device session (written 2026-12-06, not yet run), one lease (~25 minutes):
 #  1. `boltbeam tune` on the 8B shape at 512 as issue 32 asks (fresh machine, 20 minutes), now with gemv's products
 #     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured, two
-#     processes a side (--processes 2; s18's ran one: ~100 s a profile there, so 18 profiles may not fit 17 minutes);
+#     processes a side (--processes 2; s18's ran one: 552 s for 5 profiles there, so 18 may not fit 17 minutes);
 #     the half cache left out (inconclusive at 4,096 on the H100, s17);
 #  2. the best recorded route at 512 (../rotary/route.json, s16's BEAM choices imported) and tune's route, each in a
 #     fresh process on the same machine: within 3%?
