@@ -229,12 +229,19 @@ def profile_route(model: str, device: str, path: str, sha: str, context: int, to
     `processes` - 1 more processes beside it (process_paths), each fresh; `ran` is called after each: a baseline
     (path, trace of the first), as baseline_of reads it."""
     path_on, route_on = on if on else ("none", None)
-    for each in process_paths(path, processes):
-        if failed := profile_elsewhere(model, device, each, "--context", str(context), "--tokens", str(tokens),
-                                       "--beam", str(beam), "--route", path_on):
-            raise Refused(f"profiling the baseline failed: {failed}")
-        ran()
+    profile_side(model, device, path, processes, ran, "the baseline", "--context", str(context), "--tokens",
+                 str(tokens), "--beam", str(beam), "--route", path_on)
     return path, baseline_of(path, sha, device, context, beam, route_on)
+
+
+def profile_side(model: str, device: str, path: str, processes: int, ran: Callable[[], None], what: str,
+                 *flags: str) -> None:
+    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each; `ran` is
+    called after each, and a failure is refused in one line naming `what` was profiled."""
+    for each in process_paths(path, processes):
+        if failed := profile_elsewhere(model, device, each, *flags):
+            raise Refused(f"profiling {what} failed: {failed}")
+        ran()
 
 
 def space(family: Family, target: Target) -> tuple[list, Counter]:
@@ -413,16 +420,13 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             continue
         tried += 1
         baseline_path = base()[0]
-        base_us = pooled_median(side(baseline_path, processes))
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
-        for each in process_paths(str(path), processes):
-            if failed := profile_elsewhere(model, device, each, *flags, *family.flags(c.setting)):
-                raise Refused(f"profiling {family.name} {c.flag} failed: {failed}")
-            ran()
+        profile_side(model, device, str(path), processes, ran, f"{family.name} {c.flag}", *flags,
+                     *family.flags(c.setting))
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j, _, c.median_us, c.ledger_id = judge_sides(
+        j, base_us, c.median_us, c.ledger_id = judge_sides(
             ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us}, baseline_path, str(path), processes,
             label_of(route_on, beam, labels(expected.families)), reference, "boltbeam search")
         c.verdict, c.reasons = j.verdict, j.reasons
