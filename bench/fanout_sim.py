@@ -106,7 +106,7 @@ def sizes() -> dict:
     from boltbeam.search.compiler import Kernel
     from boltbeam.search.decide import Plan, Scope, Timings
     from boltbeam.search.fanout import Job
-    from boltbeam.search.space import KernelShape
+    from boltbeam.foresight.space import KernelShape
     key, name = "040d0b05d2baf15c2947d5cd", "r_128_2_4_2_2_2_32n1"
     timings = Timings(key, 123.456, [(s, 120.0 + i) for i, s in enumerate(SETTINGS)],
                       [record(0, key, name, None, 123.456)] + [record(i, key, name, s, 123.456)

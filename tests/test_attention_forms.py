@@ -22,7 +22,7 @@ TOTAL = -(-CONTEXT // CHUNK) * CHUNK
 
 def settings() -> list[attention.Split]:
     """Every setting of the family's switches that Split admits, at chunks of CHUNK."""
-    from boltbeam.search.space import families
+    from boltbeam.foresight.space import families
     space = families()[attention.SPACE].parameters
     assert set(space) == {"chunk", *attention.KNOBS}, "a switch spaces.toml lists that Split does not know"
     combos = (dict(zip(attention.KNOBS, values)) for values in itertools.product(*(space[k] for k in attention.KNOBS)))

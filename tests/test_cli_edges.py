@@ -99,7 +99,7 @@ def test_the_host_declares_what_a_cpu_search_needs():
     space (upcasts and unrolls that fit the registers), where before it refused every setting."""
     from boltbeam.bound.measure_target import cpu_facts, target_toml
     from boltbeam.bound.targets import _load_file
-    from boltbeam.search.space import KernelShape, propose, searchable
+    from boltbeam.foresight.space import KernelShape, propose, searchable
     measured = {"device": "CPU", "size_bytes": 1 << 28, "read_bandwidth": 2e10, "read_samples_s": [0.01] * 3,
                 "copy_bandwidth": 1.5e10, "copy_samples_s": [0.02] * 3}
     host = _load_file(target_toml(HOST, "test", measured) + cpu_facts(), "test")[HOST]

@@ -20,7 +20,7 @@ from boltbeam.account.tieout import account
 from boltbeam.bound.roofline import bound
 from boltbeam.bound.targets import get_target
 from boltbeam.route import constants, layout
-from boltbeam.search.future import PER_KERNEL_FACT, Calibration
+from boltbeam.foresight.future import PER_KERNEL_FACT, Calibration
 from tests.processes import DEPTH, profile
 from tests.test_profile import refuses, refuses_routes
 
@@ -45,7 +45,7 @@ def test_every_format_the_models_use_has_the_family():
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"} <= set(layout.formats_with_layout())
     for fmt in layout.formats_with_layout():
         assert "repacked-layout" in formats()[fmt]["routes"]
-    from boltbeam.search.space import families
+    from boltbeam.foresight.space import families
     fam = families()[layout.SPACE]        # its knobs live in spaces.toml, beside the searched families
     assert fam.expressed_by == "generated-layout" and set(fam.parameters) == {"scale_bytes", "form", "stacked"}
 

@@ -32,7 +32,7 @@ from boltbeam.bound.targets import get_target
 from boltbeam.files import sha256_file
 from boltbeam.ledger.store import Ledger
 from boltbeam.search import decide, fanout
-from boltbeam.search.space import searchable
+from boltbeam.foresight.space import searchable
 from distributed import WorkerPlugin
 
 def fixed_clock():

@@ -17,7 +17,7 @@ from boltbeam.read.census import take_census
 from boltbeam.route import fusion, layout
 from boltbeam.search import choose
 from boltbeam.route.gemv import Geometry
-from boltbeam.search.future import Calibration
+from boltbeam.foresight.future import Calibration
 from tests.processes import DEPTH
 from tests.test_families import blocks, reference
 from tests.test_profile import refuses, refuses_routes

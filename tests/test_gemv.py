@@ -18,7 +18,7 @@ from boltbeam.read.census import take_census
 from boltbeam.route import gemv, layout
 from boltbeam.route.gemv import Geometry
 from boltbeam.search import choose
-from boltbeam.search.future import PER_KERNEL_FACT, Calibration
+from boltbeam.foresight.future import PER_KERNEL_FACT, Calibration
 from tests.processes import DEPTH
 from tests.test_families import blocks, reference
 from tests.test_profile import refuses, refuses_routes

@@ -72,7 +72,7 @@ def test_futuresight_prices_the_cache_at_two_bytes(tiny_model):
     from boltbeam.read.census import take_census
     from boltbeam.route import split_attention
     from boltbeam.route.attention import Split
-    from boltbeam.search.future import Calibration
+    from boltbeam.foresight.future import Calibration
     census, h200, cal = take_census(tiny_model), get_target("h200"), Calibration()
     f, half, context = census.facts, half_cache.Half(), 40
     alone = half_cache.foresee(census, half, context, h200, cal, {})

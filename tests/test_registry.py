@@ -12,7 +12,7 @@ from boltbeam.measure import route as routes
 from boltbeam.route import layout
 from boltbeam.route.families import BY_NAME, FAMILIES, Flags, installers, labels, of_route, settings, stored
 from boltbeam.search import choose
-from boltbeam.search.space import families as spaces, on_target
+from boltbeam.foresight.space import families as spaces, on_target
 
 CORE = {"format", "version", *routes.Route.__dataclass_fields__} - {"families"}
 

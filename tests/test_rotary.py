@@ -12,7 +12,7 @@ from boltbeam.errors import BadInput
 from boltbeam.read.census import take_census
 from boltbeam.route import attention, layout, rotary
 from boltbeam.search import choose
-from boltbeam.search.future import Calibration
+from boltbeam.foresight.future import Calibration
 
 EPS = 1e-6
 

@@ -27,8 +27,8 @@ from boltbeam.errors import BadInput
 from boltbeam.judge.verdicts import DIAGNOSTIC, SEARCH_SPACE_INCOMPLETE, VERDICTS
 from boltbeam.ledger.store import Ledger
 from boltbeam.measure import trace as tracefile
-from boltbeam.search.future import REJECT_RATIO, Work, foresee, predict
-from boltbeam.search.space import SPLITS, WHICH, KernelShape, families, propose, searchable
+from boltbeam.foresight.future import REJECT_RATIO, Work, foresee, predict
+from boltbeam.foresight.space import SPLITS, WHICH, KernelShape, families, propose, searchable
 from tests.processes import DEPTH, once
 
 CPU_TARGETS = str(Path(__file__).parent / "data" / "cpu_target.toml")
@@ -267,7 +267,7 @@ def test_more_in_flight_predicts_no_slower_with_a_latency():
 def test_fewer_groups_than_multiprocessors_draw_their_share():
     """32 groups on h200's 132 multiprocessors: Little's law on their threads, times the share in use; with as
     many threads in more groups than multiprocessors, no such term."""
-    from boltbeam.search.future import Calibration
+    from boltbeam.foresight.future import Calibration
     cal = Calibration()
     sms, latency = H200.fact("multiprocessors"), H200.fact("memory_latency")
     few = predict(WORK, {"local": 8}, H200, cal)                        # 256 threads, 32 groups
@@ -299,7 +299,7 @@ import json, sys
 from boltbeam.bound.targets import get_target
 from boltbeam.measure.route import RoutedOpt
 from boltbeam.search.compiler import build, capture, opts_of
-from boltbeam.search.space import propose, searchable
+from boltbeam.foresight.space import propose, searchable
 
 model, targets = sys.argv[1], sys.argv[2]
 from boltbeam.read.census import take_census
@@ -633,7 +633,7 @@ def test_the_route_api_is_off_by_switch(tmp_path, monkeypatch):
 # --- FutureSight's constants are data, fitted to measurements -------------------------------------------
 
 def test_calibration_is_read_from_data():
-    from boltbeam.search.future import Calibration, calibration
+    from boltbeam.foresight.future import Calibration, calibration
     assert calibration("no-such-target") == Calibration()                       # the physical defaults
     assert calibration("h200").bytes_in_flight_per_thread >= 1                  # the packaged entry parses
     assert calibration("x", "[x]\nbytes_in_flight_per_thread = 64\nunroll_adds_in_flight = 0\n") == Calibration(64, False)
@@ -650,7 +650,7 @@ def test_calibration_is_read_from_data():
 
 def test_fit_recovers_the_constants_that_made_the_times():
     """Times made by a known calibration: the fit orders them perfectly, the defaults do not."""
-    from boltbeam.search.future import Calibration, Point, fit, within_spearman
+    from boltbeam.foresight.future import Calibration, Point, fit, within_spearman
     h200 = get_target("h200")
     truth = Calibration(128, False)
     settings = [{"local": l, "group": g, "upcast": 1, "unroll": u} for l in (1, 4) for g in (1, 4, 16) for u in (1, 8)]

@@ -26,7 +26,7 @@ from boltbeam.bound.targets import get_target
 from boltbeam.search.alone import Shape, kernel_asts, random_planes, time_alone, time_product
 from boltbeam.route import gemv
 from boltbeam.search.choose import space
-from boltbeam.search.future import calibration
+from boltbeam.foresight.future import calibration
 
 SECONDS_PER_SHAPE = 30    # then the rest of FutureSight's order goes untimed (the output says how many)
 # (name, rows, cols, bits, group, an offset a group, BEAM's opts for the byte kernel on the searched route)

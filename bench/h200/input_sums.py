@@ -19,7 +19,7 @@ from tinygrad import Device
 from boltbeam.bound.targets import get_target
 from boltbeam.search.alone import Shape, time_product
 from boltbeam.route.gemv import Geometry, PerProduct
-from boltbeam.search.future import calibration
+from boltbeam.foresight.future import calibration
 
 OTHERS = ("32:4:4:16", "32:4:2:16")     # beside each product's own: the uniform route's and a common runner-up
 

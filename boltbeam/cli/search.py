@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.measure import route as routes
     from boltbeam.read.census import take_census
-    from boltbeam.search.space import searchable
+    from boltbeam.foresight.space import searchable
     if args.budget < 1 or args.tokens < 5 or args.context < 0 or not args.seconds_per_kernel > 0 \
             or (args.workers is not None and args.workers < 1):
         raise BadInput("need --budget >= 1, --seconds-per-kernel > 0, --tokens >= 5 (the judge's minimum), "
@@ -313,7 +313,7 @@ def _points(summary_path: str, ledger_path: str, target):
     from boltbeam.judge.scope import ScopeKey
     from boltbeam.ledger.store import Ledger
     from boltbeam.search.decide import measured_us, parse_setting
-    from boltbeam.search.future import Point, Work
+    from boltbeam.foresight.future import Point, Work
     from boltbeam.search.summary import SearchSummary
     summary = SearchSummary.load(summary_path)
     if any(k.outputs is None for k in summary.per_kernel):
@@ -354,7 +354,7 @@ def _calibrate_layout(paths: list[str], target, as_json: bool) -> int:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from boltbeam.bound.targets import get_target
-    from boltbeam.search.future import fit, within_spearman
+    from boltbeam.foresight.future import fit, within_spearman
     if len(args.summary) != len(args.ledger):
         raise BadInput("give --summary and --ledger in pairs, one of each per search")
     target = get_target(args.target, args.targets)

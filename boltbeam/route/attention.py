@@ -80,7 +80,7 @@ class Split:
     pooled: bool = False
 
     def __post_init__(self):
-        from boltbeam.search.space import families
+        from boltbeam.foresight.space import families
         space = families()[SPACE].parameters
         if not (isinstance(self.chunk, int) and self.chunk in space["chunk"]
                 and all(isinstance(getattr(self, k), bool) and int(getattr(self, k)) in space[k] for k in KNOBS)):
@@ -649,7 +649,7 @@ def scheduled(split: Split, heads: int, kv_heads: int, head_dim: int, positions:
     (lanes: dimension) of the chunks holding a position so far (the rest exit), and the combine, a thread an
     output (lanes: COMBINE_LANES threads an output; burst: spread_lanes of the cache's chunks)."""
     from tinygrad import Context, Device, Tensor, UOp
-    from boltbeam.search.compiler import outputs_at
+    from boltbeam.foresight.future import outputs_at
     total = -(-positions // split.chunk) * split.chunk
     if split.kernel:
         live = -(-(min(depth, total - 1) + 1) // split.chunk)

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from boltbeam.measure.prepared import Prepared
 from boltbeam.route.family import Family, Replaces, Switch, after_init_state, switch
-from boltbeam.search.future import Foreseen
+from boltbeam.foresight.future import Foreseen
 
 LABEL = "constants-once"           # what it adds to a trace's route label
 SPACE = "constants_once"           # its one knob: data/spaces.toml

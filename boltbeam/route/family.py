@@ -21,7 +21,7 @@ from boltbeam.errors import BadInput
 
 if TYPE_CHECKING:
     from boltbeam.measure.prepared import Prepared
-    from boltbeam.search.future import Foreseen
+    from boltbeam.foresight.future import Foreseen
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Switch:
     SPACE: ClassVar[str]
 
     def __post_init__(self):
-        from boltbeam.search.space import check_knobs
+        from boltbeam.foresight.space import check_knobs
         check_knobs(self, self.SPACE)
 
     @property

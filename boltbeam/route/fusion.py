@@ -37,7 +37,7 @@ from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import NORM_READERS, norm_kind
 from boltbeam.route.family import Family, Replaces, knobs, thread_group_limit
 from boltbeam.route.layout import KERNEL_FORM, LayoutLinear, layers, module_at, stacks, taken_by_layout
-from boltbeam.search.future import Calibration, Foreseen
+from boltbeam.foresight.future import Calibration, Foreseen
 
 LABEL = "fusion"                   # what it adds to a trace's route label
 SPACE = "fusion"                   # its knobs and their values: data/spaces.toml
@@ -51,7 +51,7 @@ class Fusion:
     inplace: int = 0   # a product reads another generated kernel's output where it lies, uncopied
 
     def __post_init__(self):
-        from boltbeam.search.space import check_knobs
+        from boltbeam.foresight.space import check_knobs
         check_knobs(self, SPACE)
         if not any(getattr(self, f) for f in FIELDS):
             raise BadInput(f"fusion {asdict(self)}: folds nothing (the route without the family); turn on one of "

@@ -40,7 +40,7 @@ from boltbeam.measure.prepared import Prepared
 from boltbeam.route.family import Family
 from boltbeam.route.layout import (KERNEL_FORM, PRODUCTS, SCALE_BYTES, WORD_BITS, WRITTEN_BY, Planes, layers,
                                    layout_products)
-from boltbeam.search.future import PER_KERNEL_FACT, Calibration, Foreseen, Work, predict
+from boltbeam.foresight.future import PER_KERNEL_FACT, Calibration, Foreseen, Work, predict
 from boltbeam.units import DIGITS
 
 LABEL = "gemv-geometry"            # what it adds to a trace's route label
@@ -59,7 +59,7 @@ class Geometry:
     unpack: int = 0
 
     def __post_init__(self):
-        from boltbeam.search.space import check_knobs
+        from boltbeam.foresight.space import check_knobs
         check_knobs(self, SPACE)
 
     @property

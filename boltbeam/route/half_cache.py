@@ -19,7 +19,7 @@ from typing import ClassVar
 from boltbeam.errors import BadInput
 from boltbeam.measure.prepared import Prepared
 from boltbeam.route.family import Family, Replaces, Switch, after_init_state, switch
-from boltbeam.search.future import Foreseen
+from boltbeam.foresight.future import Foreseen
 
 LABEL = "half-cache"           # what it adds to a trace's route label
 SPACE = "half_cache"           # its one knob: data/spaces.toml
@@ -30,6 +30,7 @@ VALUE_BYTES = 2                # a cached key or value element in float16
 class Half(Switch):
     """The family's setting, as the search judges it (profile --half-cache; the route's half_cache)."""
     SPACE: ClassVar[str] = SPACE
+    CACHE_ELEMENT_BYTES: ClassVar[int] = VALUE_BYTES     # the cache's element as this setting holds it
     half: int = 1
 
 

@@ -35,7 +35,7 @@ from boltbeam.measure.prepared import Prepared
 from boltbeam.read.roles import REGIONS, SHARED_INPUT
 from boltbeam.route import planes_cache
 from boltbeam.route.family import Family, Needs, Replaces, knobs
-from boltbeam.search.future import Calibration, Foreseen
+from boltbeam.foresight.future import Calibration, Foreseen
 
 SCALE_BYTES = {"float16": 2, "float32": 4}
 FORMS = ("expanded", "factored", "kernel")   # the family's `form` parameter: 0, 1, 2
@@ -77,7 +77,7 @@ class Setting:
     stack: str = "separate"
 
     def __post_init__(self):
-        from boltbeam.search.space import families
+        from boltbeam.foresight.space import families
         space = families()[SPACE].parameters
         dtypes = [d for d, b in SCALE_BYTES.items() if b in space["scale_bytes"]]
         forms = [f for i, f in enumerate(FORMS) if i in space["form"]]

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from boltbeam.measure.prepared import Prepared
 from boltbeam.route.family import Family, Replaces, Switch, switch
-from boltbeam.search.future import Foreseen
+from boltbeam.foresight.future import Foreseen
 
 LABEL = "direct-replay"          # what it adds to a trace's route label
 SPACE = "direct_replay"          # its one knob: data/spaces.toml

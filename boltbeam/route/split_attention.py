@@ -8,7 +8,7 @@ from boltbeam.route import attention
 from boltbeam.route.attention import KNOBS, LABEL, SPACE, Split
 from boltbeam.route.family import Family, Replaces, knobs
 from boltbeam.route.layout import taken_groups
-from boltbeam.search.future import LOAD_BYTES, Calibration, Foreseen, Work, predict
+from boltbeam.foresight.future import LOAD_BYTES, Calibration, Foreseen, Work, predict
 
 # A cached key or value element as tinygrad.llm holds it: its cache is made of the default float type (float32),
 # twice the float16 element the bound counts (found on the H200: bench/h200/s16/); half_cache holds float16.
@@ -20,14 +20,19 @@ def cache_bytes(facts, positions: int, element: int) -> int:
     return facts.blocks * positions * facts.kv_heads * (facts.head_dim + facts.value_dim) * element
 
 
+def cache_element(on) -> int:
+    """The bytes of a cached element on a route (`on`: its settings): KV_BYTES, unless a family holds the cache in
+    another type and its setting says so (CACHE_ELEMENT_BYTES)."""
+    return min((getattr(s, "CACHE_ELEMENT_BYTES", KV_BYTES) for s in (on or {}).values()), default=KV_BYTES)
+
+
 def foresee(census, split: Split, context: int, target, cal: Calibration, on=None) -> Foreseen:
     """The cache a decode token at `context` reads by whole chunks, shared evenly among the kernels the
     compiler schedules to read it, each predicted by FutureSight at one output a thread (Little's law:
     a combine that reduces over every position in few outputs keeps few bytes in flight)."""
     from boltbeam.measure.tinygrad_run import kv_positions
-    from boltbeam.route import half_cache
     f = census.facts
-    element = half_cache.VALUE_BYTES if half_cache.FAMILY.key in (on or {}) else KV_BYTES     # the cache's, as held
+    element = cache_element(on)
     # Tensor code reads whole chunks; the generated kernel's loads stop at the position.
     positions = context + 1 if split.kernel else -(-(context + 1) // split.chunk) * split.chunk
     nbytes = cache_bytes(f, positions, element)

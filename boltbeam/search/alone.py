@@ -28,7 +28,7 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
 from boltbeam.route.gemv import Geometry, geometry_sight, product_key
 from boltbeam.route.layout import Planes, Setting, taken_groups, values_of
-from boltbeam.search.future import Calibration, rank_correlation
+from boltbeam.foresight.future import Calibration, rank_correlation
 
 CHECK = 1e-4      # a geometry's product against the planes' weights times the input, relative to its largest
 REPS = 20         # timed runs of each geometry

@@ -40,8 +40,8 @@ from boltbeam.route.family import Family
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import WRITTEN_BY, Setting
 from boltbeam.search import alone as alone_timing
-from boltbeam.search.future import Calibration, calibration
-from boltbeam.search.space import families, on_target
+from boltbeam.foresight.future import Calibration, calibration
+from boltbeam.foresight.space import families, on_target
 
 WHOLE_TOKEN = BY_NAME     # the families judged on the whole token: every generated one
 BEYOND_BUDGET = "beyond the budget"     # a setting not judged: past the --budget best predicted (the reason's start)

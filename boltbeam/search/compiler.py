@@ -18,7 +18,7 @@ from typing import Any, Callable
 from boltbeam.errors import BadInput
 from boltbeam.measure.tinygrad_run import ANSI
 from boltbeam.measure.route import RoutedOpt, kernel_key, with_opts
-from boltbeam.search.space import KernelShape, reduce_splits
+from boltbeam.foresight.space import KernelShape, reduce_splits
 
 # The order opts are applied in: unroll the reduction, then the output's threads and outputs per
 # thread, then the group (whose local-memory check then counts the local and upcast it multiplies).
@@ -66,15 +66,6 @@ def _shape(sink, renderer, key: str, name: str) -> KernelShape:
     reduces = tuple(lengths[i] for i in k.axes_of(AxisType.REDUCE))
     return KernelShape(key, name, None if out is None else lengths[out], None if red is None else lengths[red],
                        outputs=outputs, output_axis=out, reduces=reduces)
-
-
-def outputs_at(ast, renderer, var_vals: dict[str, int]) -> int:
-    """Output elements of a scheduled kernel (its global and loop axes) with its symbolic sizes at `var_vals`."""
-    from tinygrad.codegen.opt.postrange import Scheduler
-    from tinygrad.uop.ops import AxisType, sym_infer
-    k = Scheduler(ast, renderer)
-    k.convert_loop_to_global()
-    return math.prod(max(1, int(sym_infer(k.full_shape[i], var_vals))) for i in k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
 
 
 @contextlib.contextmanager

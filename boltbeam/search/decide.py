@@ -22,9 +22,9 @@ from boltbeam.judge.verdicts import CANDIDATE, DIAGNOSTIC, REFUTE, SEARCH_SPACE_
 from boltbeam.ledger.reopen import unless
 from boltbeam.measure.route import Choice, Route, engine
 from boltbeam.search.compiler import Captured, Kernel, build, opts_of, time_program
-from boltbeam.search.future import (Calibration, Point, Prediction, Work, calibration, foresee, rank_correlation,
+from boltbeam.foresight.future import (Calibration, Point, Prediction, Work, calibration, foresee, rank_correlation,
                                     within_spearman)
-from boltbeam.search.space import Family, Space, propose
+from boltbeam.foresight.space import Family, Space, propose
 
 NOISE = 0.05               # a setting must beat the default by more than this (best of REPS each)
 REPS = 5

@@ -46,7 +46,7 @@ from boltbeam.route import gemv
 from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
-from boltbeam.search.future import WRITERS, calibration
+from boltbeam.foresight.future import WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, TokenScope,
                                     baseline_of, check_on, choose, foreseen, judge_sides, label_of, legal_space,
                                     profile_route, recalled, route_settings, with_setting)
@@ -160,7 +160,7 @@ def outlook(family: Family, census, context: int, target: Target, on: tuple[str,
     best = candidates[0]
     settings = of_route(on[1], on[0])
     if family.key in settings:
-        from boltbeam.search.future import calibration
+        from boltbeam.foresight.future import calibration
         now = family.foresee(census, settings[family.key], context, target, calibration(target.name), settings)
         return Outlook(family.name, best.flag, best.predicted_us, now.us(target) - best.predicted_us, ROUTE_SETTING,
                        now.us(target))

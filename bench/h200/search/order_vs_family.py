@@ -16,8 +16,8 @@ import sqlite3
 from pathlib import Path
 
 from boltbeam.bound.targets import get_target
-from boltbeam.search.future import Calibration, Work, foresee
-from boltbeam.search.space import SPLITS, KernelShape, propose, searchable
+from boltbeam.foresight.future import Calibration, Work, foresee
+from boltbeam.foresight.space import SPLITS, KernelShape, propose, searchable
 
 HERE = Path(__file__).parent
 h200 = get_target("h200")

@@ -89,6 +89,15 @@ class Work:
     outputs: int          # output elements (all output axes)
 
 
+def outputs_at(ast, renderer, var_vals: dict[str, int]) -> int:
+    """Output elements of a scheduled kernel (its global and loop axes) with its symbolic sizes at `var_vals`."""
+    from tinygrad.codegen.opt.postrange import Scheduler
+    from tinygrad.uop.ops import AxisType, sym_infer
+    k = Scheduler(ast, renderer)
+    k.convert_loop_to_global()
+    return math.prod(max(1, int(sym_infer(k.full_shape[i], var_vals))) for i in k.axes_of(AxisType.GLOBAL, AxisType.LOOP))
+
+
 @dataclass
 class Prediction:
     us: float
