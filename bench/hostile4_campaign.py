@@ -295,8 +295,8 @@ class Campaign(Surfaces):
     def tune_flags(self, rng: random.Random):
         argv = ["tune", str(self.model), "--device", "CPU", "--target", rng.choice(["h200", "host-like", ""]),
                 "--out", str(self.out)]
-        for flag in rng.sample(["--minutes", "--context", "--tokens", "--budget", "--families", "--ledger"],
-                               rng.randint(1, 4)):
+        for flag in rng.sample(["--minutes", "--context", "--tokens", "--budget", "--families", "--ledger", "--alone",
+                                "--seconds-per-kernel", "--processes", "--beam"], rng.randint(1, 5)):
             value = {"--families": lambda: parse_text(rng, "--families"),
                      "--ledger": lambda: rng.choice([str(self.inputs / "L"), str(self.inputs / "t.json"),
                                                      self.out_path("tune.json"), self.out_path("route.json"),

@@ -24,7 +24,7 @@ case $1 in
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$O/gpu_seconds.csv" &
     stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
     stage tune 1500 python3 -m boltbeam tune /tmp/m.gguf --device CUDA --target $TARGET --out "$RUN/tune" \
-      --ledger "$RUN/tune.sqlite" --context 512 --tokens 16 --budget 1 --minutes 17 --alone 64 \
+      --ledger "$RUN/tune.sqlite" --context 512 --tokens 16 --budget 1 --minutes ${MINUTES:-17} --alone 64 \
       --seconds-per-kernel 20 --beam 2 --processes 2 --json \
       --families repacked_layout,split_attention,gemv,fusion,constants_once,direct_replay
     mkdir -p "$O/tune" && cp "$RUN"/tune/{route.json,tune.json,report.html} "$RUN/tune.sqlite" "$O/tune/"
