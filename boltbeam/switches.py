@@ -35,7 +35,8 @@ PLANES_CACHE = Switch("BOLTBEAM_PLANES_CACHE", "the folder where the repacked la
                                                "$XDG_CACHE_HOME/boltbeam/planes); `off`: not kept, each run with the "
                                                "layout repacks the model's weights again")
 VISIBLE_DEVICES = Switch("CUDA_VISIBLE_DEVICES", "CUDA's own: the first GPU it names is the one llama.cpp's trace "
-                                                 "describes")
+                                                 "describes; `tune --workers N` runs its profiles on the first N it "
+                                                 "names, one a process")
 ALL = (DEV, ROUTE, TARGETS, CUPTI_PER_LAUNCH, CACHE_HOME, PLANES_CACHE, VISIBLE_DEVICES)
 
 # tinygrad's own switches a trace records where they are set: they change the kernels it compiles.

@@ -39,9 +39,9 @@ def profiles(monkeypatch):
     started = []
     real = choose.profile_elsewhere
 
-    def counted(model, device, out, *flags):
+    def counted(model, device, out, *flags, gpu=None):
         started.append(out)
-        return real(model, device, out, *flags)
+        return real(model, device, out, *flags, gpu=gpu)
     monkeypatch.setattr(choose, "profile_elsewhere", counted)
     monkeypatch.setenv("DEV", "CPU")
     return started
@@ -231,6 +231,8 @@ def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, t
     (["--seconds-per-kernel", "0"], "--seconds-per-kernel above 0"),
     (["--beam", "-1"], "--beam >= 0"),
     (["--processes", "0"], "--processes >= 1"),
+    (["--processes", "2", "--workers", "3"], "--workers from 1 to --processes"),
+    (["--processes", "2", "--workers", "2"], "on CPU they would share the cores"),
     (["--families", "repacked_layout,nope"], "unknown nope"),
     (["--target", "nope"], "unknown target 'nope'"),
     (["--reference"], "needs llama-cpp-python"),      # no binding here (the stand-in is not on the path)
@@ -328,7 +330,7 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     import sys
     from tests.test_route_choices import PROFILE
 
-    def narrowed(model, device, out, *flags):     # each profile as tune runs it, BEAM's actions narrowed (seconds)
+    def narrowed(model, device, out, *flags, gpu=None):     # each profile as tune runs it, BEAM's actions narrowed (seconds)
         profiles.append(out)
         done = subprocess.run([sys.executable, "-c", PROFILE, "profile", model, "--device", device, "--out", out,
                                "--json", *flags], capture_output=True, text=True)
@@ -359,3 +361,30 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     again = json.loads(capsys.readouterr().out)
     assert profiles == [] and (out / "route.json").read_bytes() == route_bytes
     assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("width=1", last["verdict"], False)
+
+
+def test_workers_run_a_sides_processes_at_once_each_on_a_gpu_of_its_own(monkeypatch, tmp_path):
+    """--workers 2: both processes of a side start before either ends (a barrier both must reach), on the GPUs that
+    CUDA_VISIBLE_DEVICES names, one each; the child process is given its GPU alone."""
+    import subprocess
+    import threading
+    from boltbeam.errors import BadInput
+    from boltbeam.measure import tinygrad_run
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    both, placed, ran = threading.Barrier(2, timeout=20), [], []
+
+    def at_once(model, device, out, *flags, gpu=None):
+        both.wait()     # a side profiled one process after the other never gets past this
+        placed.append((out, gpu))
+    monkeypatch.setattr(choose, "profile_elsewhere", at_once)
+    choose.profile_side("m.gguf", "CUDA", str(tmp_path / "b.json"), 2, lambda: ran.append(1), "the baseline",
+                        workers=2)
+    assert sorted(placed) == [(str(tmp_path / "b.json"), "5"), (str(tmp_path / "b.p2.json"), "7")] and len(ran) == 2
+    with pytest.raises(BadInput, match="names 2"):
+        choose.gpus(3)
+    seen = []
+    monkeypatch.setattr(tinygrad_run.subprocess, "run", lambda cmd, **kw: seen.append(kw["env"]) or
+                        subprocess.CompletedProcess(cmd, 0))
+    assert tinygrad_run.profile_elsewhere("m.gguf", "CUDA", "o.json", gpu="7") is None
+    assert tinygrad_run.profile_elsewhere("m.gguf", "CUDA", "o.json") is None
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "7" and seen[1] is None      # one process alone inherits ours

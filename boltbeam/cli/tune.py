@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--processes", type=int, default=PROCESSES, metavar="P", help="processes a side for each verdict: "
                    "every pair of a baseline's and a candidate's processes must give it (one route's processes on one "
                    f"H200 measured 3.6%% apart; default {PROCESSES})")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="run N of a side's processes at once, each on "
+                   "a GPU of its own (the first N that CUDA_VISIBLE_DEVICES names, else GPUs 0 to N-1; --device CUDA): "
+                   "two GPUs halve the wall of --processes 2 (default 1)")
     p.add_argument("--beam", type=int, default=0, metavar="W", help="the last step: the route so far with tinygrad's "
                    "BEAM at width W for the kernels its families leave to tinygrad, judged like a family; promoted, "
                    "the route carries what BEAM chose (default 0: no BEAM)")
@@ -71,11 +74,19 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.ledger.store import Ledger
     from boltbeam.read.census import take_census
     from boltbeam.report.page import render_tune
+    from boltbeam.search.choose import gpus
     from boltbeam.search.tune import reference_of, tunable, tune
     if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
-            or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0 or args.processes < 1):
+            or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0 or args.processes < 1
+            or not 1 <= args.workers <= args.processes):
         raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0, --budget >= 1, "
-                       "--alone >= 0, --seconds-per-kernel above 0, --beam >= 0 and --processes >= 1")
+                       "--alone >= 0, --seconds-per-kernel above 0, --beam >= 0, --processes >= 1 and --workers from 1 "
+                       "to --processes")
+    if args.workers > 1:
+        if args.device != "CUDA":
+            raise BadInput(f"--workers {args.workers} places a side's processes on GPUs of their own: on {args.device} "
+                           f"they would share the cores their tokens are timed on")
+        gpus(args.workers)      # CUDA_VISIBLE_DEVICES naming too few: one line before anything runs
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         with Ledger(args.ledger) as ledger:
             done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
                                families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
-                               args.alone or None, args.seconds_per_kernel, args.beam, args.processes)
+                               args.alone or None, args.seconds_per_kernel, args.beam, args.processes, args.workers)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})

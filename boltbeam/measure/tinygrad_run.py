@@ -446,13 +446,14 @@ def prompt_tokens(context: int, vocabulary: int) -> list[int]:
     return [1] + [(7919 * i) % vocabulary for i in range(1, max(1, context))]
 
 
-def profile_elsewhere(model: str, device: str, out: str, *flags: str) -> str | None:
+def profile_elsewhere(model: str, device: str, out: str, *flags: str, gpu: str | None = None) -> str | None:
     """`boltbeam profile` in a fresh process (the adapter's hooks must be in before tinygrad first
-    compiles, so a process that already ran tinygrad profiles in another); None when it wrote `out`,
-    else the last line of what it said."""
+    compiles, so a process that already ran tinygrad profiles in another), on the GPU `gpu` alone where given;
+    None when it wrote `out`, else the last line of what it said."""
     cmd = [sys.executable, "-m", "boltbeam", "profile", str(model), "--device", device, "--out", str(out), "--json",
            *flags]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    env = None if gpu is None else {**os.environ, switches.VISIBLE_DEVICES.name: gpu}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no message"])[-1]
 
 

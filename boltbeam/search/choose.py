@@ -20,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from boltbeam import switches
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge_processes
@@ -224,24 +226,40 @@ def pooled_median(traces: list[Trace]) -> float:
 
 def profile_route(model: str, device: str, path: str, sha: str, context: int, tokens: int, beam: int,
                   on: tuple[str, Route] | None, processes: int = 1,
-                  ran: Callable[[], None] = lambda: None) -> tuple[str, Any]:
+                  ran: Callable[[], None] = lambda: None, workers: int = 1) -> tuple[str, Any]:
     """The whole token on the route `on` (path, route; None: tinygrad's own) profiled into `path`, and in
-    `processes` - 1 more processes beside it (process_paths), each fresh; `ran` is called after each: a baseline
-    (path, trace of the first), as baseline_of reads it."""
+    `processes` - 1 more processes beside it (process_paths), each fresh, `workers` at once (profile_side); `ran` is
+    called after each: a baseline (path, trace of the first), as baseline_of reads it."""
     path_on, route_on = on if on else ("none", None)
     profile_side(model, device, path, processes, ran, "the baseline", "--context", str(context), "--tokens",
-                 str(tokens), "--beam", str(beam), "--route", path_on)
+                 str(tokens), "--beam", str(beam), "--route", path_on, workers=workers)
     return path, baseline_of(path, sha, device, context, beam, route_on)
 
 
 def profile_side(model: str, device: str, path: str, processes: int, ran: Callable[[], None], what: str,
-                 *flags: str) -> None:
-    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each; `ran` is
-    called after each, and a failure is refused in one line naming `what` was profiled."""
-    for each in process_paths(path, processes):
-        if failed := profile_elsewhere(model, device, each, *flags):
-            raise Refused(f"profiling {what} failed: {failed}")
-        ran()
+                 *flags: str, workers: int = 1) -> None:
+    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each, `workers`
+    at once, each of those on a GPU of its own (gpus) where there are more than one; `ran` is called after each, and a
+    failure is refused in one line naming `what` was profiled."""
+    paths = process_paths(path, processes)
+    placed = gpus(workers) if workers > 1 else [None]
+    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+        runs = [pool.submit(profile_elsewhere, model, device, each, *flags, gpu=placed[i % len(placed)])
+                for i, each in enumerate(paths)]
+        for run in as_completed(runs):
+            if failed := run.result():
+                raise Refused(f"profiling {what} failed: {failed}")
+            ran()
+
+
+def gpus(workers: int) -> list[str]:
+    """The GPUs `workers` processes run on at once, one each: the first of CUDA_VISIBLE_DEVICES where it is set (the
+    GPUs this process may use), else the first `workers` of the machine; one line where it names too few."""
+    visible = switches.VISIBLE_DEVICES.value
+    ids = [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(i) for i in range(workers)]
+    if len(ids) < workers:
+        raise BadInput(f"--workers {workers} needs a GPU each: CUDA_VISIBLE_DEVICES={visible} names {len(ids)}")
+    return ids[:workers]
 
 
 def space(family: Family, target: Target) -> tuple[list, Counter]:
@@ -356,7 +374,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
            alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
            deadline: float | None = None, ran: Callable[[], None] = lambda: None,
-           reference: Reference | None = None, processes: int = 1) -> Choice:
+           reference: Reference | None = None, processes: int = 1, workers: int = 1) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
     against that route as it is (BEAM width `beam` on both
@@ -369,7 +387,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     (time.monotonic()); `ran` is called after each profile. With `reference`, a setting's output is held to the
     reference engine's tokens (the judge's reference gate), and the ledger's scope says so. Each side runs in
     `processes` processes (the baseline's other processes beside its file, process_paths) and the verdict is the
-    one every pair of processes gives (judge_processes)."""
+    one every pair of processes gives (judge_processes); `workers` of a side's processes run at once (profile_side)."""
     path_on, route_on = on if on else ("none", None)
     candidates, rejected = foreseen(family, census, context, target, on)
     current = route_on.families.get(family.key) if route_on else None
@@ -389,7 +407,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         if baseline is None:
             say("the whole token without the family")
             baseline = profile_route(model, device, str(out / "baseline.json"), sha, context, tokens, beam, on,
-                                     processes, ran)
+                                     processes, ran, workers)
         return baseline
     if not recall:
         base()
@@ -424,7 +442,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
         profile_side(model, device, str(path), processes, ran, f"{family.name} {c.flag}", *flags,
-                     *family.flags(c.setting))
+                     *family.flags(c.setting), workers=workers)
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
         j, base_us, c.median_us, c.ledger_id = judge_sides(
             ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us}, baseline_path, str(path), processes,

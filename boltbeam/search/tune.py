@@ -190,6 +190,8 @@ class Tune:
     context: int
     tokens: int
     minutes: float
+    processes: int = 1                    # a side's processes for each verdict
+    workers: int = 1                      # of those, how many ran at once, a GPU each
     checked_against: str = DEFAULT_ONLY   # what "output still correct" held each setting to
     reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
     start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled)
@@ -245,7 +247,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
          reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0,
-         beam: int = 0, processes: int = 1) -> tuple[Tune, Route]:
+         beam: int = 0, processes: int = 1, workers: int = 1) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
     within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
@@ -253,10 +255,10 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
     the ledger judged that already, its setting is read and nothing is timed). With `beam`, the last step: the route
     so far with tinygrad's BEAM at that width for the kernels its families leave to tinygrad (beam_step). Each side
-    of each verdict runs in `processes` processes (choose)."""
+    of each verdict runs in `processes` processes, `workers` at once (choose)."""
     started = time.monotonic()
     deadline = started + minutes * 60
-    record = Tune(model, sha, device, target.name, context, tokens, minutes, reference=reference,
+    record = Tune(model, sha, device, target.name, context, tokens, minutes, processes, workers, reference=reference,
                   checked_against=f"checked against {reference.engine}'s greedy tokens on the same prompt ids"
                   if reference else DEFAULT_ONLY)
     record.unmeasured = [w for w in WRITERS if w not in calibration(target.name).bandwidth_fraction]
@@ -290,7 +292,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             if baseline is None and time.monotonic() < deadline:
                 say("the whole token on the route so far")
                 baseline = profile_route(model, device, str(Path(on[0]).with_suffix(".trace.json")), sha, context,
-                                         tokens, BEAM, on, processes, counted)
+                                         tokens, BEAM, on, processes, counted, workers)
         if reference and on[1] is start and record.start_output is None and baseline:
             # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
             record.start_output = reference_gate(baseline[1], reference.engine, reference.output_tokens,
@@ -304,7 +306,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
                         budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
                         reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds,
-                        processes=processes)
+                        processes=processes, workers=workers)
         record.start_us = record.start_us or choice.baseline_median_us
         record.alone += choice.alone
         unjudged = Counter()
@@ -327,7 +329,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     if beam:
         folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
-                                           beam, deadline, say, counted, reference, processes)
+                                           beam, deadline, say, counted, reference, processes, workers)
         record.steps.append(step)
         record.start_us = record.start_us or step.before_us
         record.out_of_time |= step.skipped == OUT_OF_TIME
@@ -342,11 +344,12 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
 
 def beam_step(model: str, device: str, target: Target, context: int, tokens: int, ledger, sha: str, folder: Path,
               on: tuple[str, Route], baseline, width: int, deadline: float, say: Callable[[str], None],
-              ran: Callable[[], None], reference: Reference | None, processes: int = 1
+              ran: Callable[[], None], reference: Reference | None, processes: int = 1, workers: int = 1
               ) -> tuple[Step, Route | None, Any]:
     """The route so far with tinygrad's BEAM at `width` for every kernel its families leave to tinygrad (the
     norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, in
-    `processes` processes a side as every family (the later ones take BEAM's choices from tinygrad's cache).
+    `processes` processes a side, `workers` at once, as every family (the later ones take BEAM's choices from tinygrad's
+    cache).
     Promoted, the route carries the kernels as that run compiled them (judged_by), so a load rebuilds them without
     searching. A verdict the ledger holds in this scope is read, not timed again. Returns the step, the route it
     leaves (None: unchanged) and the baseline (profiled here where none was)."""
@@ -370,13 +373,13 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
         if baseline is None:
             say("the whole token on the route so far")
             baseline = profile_route(model, device, str(folder / "baseline.json"), sha, context, tokens, BEAM, on,
-                                     processes, ran)
+                                     processes, ran, workers)
         candidate = dataclasses.replace(route_on, beam=width)
         routes.save(candidate, folder / "candidate.json")
         say(f"the whole token with BEAM {width} (tinygrad searches the kernels the families leave to it)")
         trace = str(folder / f"beam_{width}.json")
         profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate),
-                      processes, ran)
+                      processes, ran, workers)
         j, before, after, ledger_id = judge_sides(ledger, candidate_id, key, baseline[0], trace, processes,
                                                   label_of(route_on, width), reference, "boltbeam tune")
         step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True)
