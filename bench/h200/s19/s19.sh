@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Planned for the next device session (written 2026-12-06, not yet run), one lease (~25 minutes):
-#  1. `boltbeam tune` on the 8B shape at 512 as issue 32 asks (fresh machine, 20 minutes), now with gemv's products
-#     timed alone (--alone 64, 20 s a product) and BEAM as the last step (--beam 2), the two gaps s18 measured, two
-#     processes a side (--processes 2; s18's ran one: 552 s for 5 profiles there, so 18 may not fit 17 minutes);
-#     the half cache left out (inconclusive at 4,096 on the H100, s17);
+# Run 2026-12-07 (README.md: what came of it). Planned as one lease of ~25 minutes; the lease came after ~690 s of
+# refused starts, so it ran as `MINUTES=12` and stages 3 and 4 were stopped when the device time ran out:
+#  1. `boltbeam tune` on the 8B shape at 512 as issue 32 asks (fresh machine), with gemv's products timed alone
+#     (--alone 64, 20 s a product), BEAM as the last step (--beam 2) and two processes a side (--processes 2);
+#     the half cache left out (inconclusive at 4,096 on the H100, s17); --minutes from MINUTES (default 17);
 #  2. the best recorded route at 512 (../rotary/route.json, s16's BEAM choices imported) and tune's route, each in a
-#     fresh process on the same machine: within 3%?
-#  3. --half-cache with 64:kernel:burst:rotary at 4,096 (s18's run of it stopped at the burst fault, mended in 3ff5226);
-#  4. the prefill's chunks timed with the layout's products fused as today and on weights unpacked once a chunk
-#     (../prefill.py): where a profile's ~84 s of prefill at 4,096 go.
-#   call A: bash bench/h200/s19/s19.sh start && bash bench/h200/s19/s19.sh wait 540    (carry .whl)
+#     fresh process on the same machine;
+#  3. --half-cache with 64:kernel:burst:rotary at 4,096 (not reached);
+#  4. the prefill's chunks timed with the layout's products fused and on weights unpacked once (not reached).
+#   call A: MINUTES=12 bash bench/h200/s19/s19.sh start && bash bench/h200/s19/s19.sh wait 540    (carry .whl)
 #   call B...: bash bench/h200/s19/s19.sh wait S
 set -u
 export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
