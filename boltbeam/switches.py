@@ -17,6 +17,11 @@ class Switch:
         """The switch as set, "" when unset."""
         return os.environ.get(self.name, "")
 
+    @property
+    def is_set(self) -> bool:
+        """Whether it is set at all (an empty value included)."""
+        return self.name in os.environ
+
     def set(self, value: str) -> None:
         os.environ[self.name] = value
 

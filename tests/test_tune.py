@@ -368,7 +368,6 @@ def test_workers_run_a_sides_processes_at_once_each_on_a_gpu_of_its_own(monkeypa
     CUDA_VISIBLE_DEVICES names, one each; the child process is given its GPU alone."""
     import subprocess
     import threading
-    from boltbeam.errors import BadInput
     from boltbeam.measure import tinygrad_run
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     both, placed, ran = threading.Barrier(2, timeout=20), [], []
@@ -380,11 +379,42 @@ def test_workers_run_a_sides_processes_at_once_each_on_a_gpu_of_its_own(monkeypa
     choose.profile_side("m.gguf", "CUDA", str(tmp_path / "b.json"), 2, lambda: ran.append(1), "the baseline",
                         workers=2)
     assert sorted(placed) == [(str(tmp_path / "b.json"), "5"), (str(tmp_path / "b.p2.json"), "7")] and len(ran) == 2
-    with pytest.raises(BadInput, match="names 2"):
-        choose.gpus(3)
     seen = []
     monkeypatch.setattr(tinygrad_run.subprocess, "run", lambda cmd, **kw: seen.append(kw["env"]) or
                         subprocess.CompletedProcess(cmd, 0))
     assert tinygrad_run.profile_elsewhere("m.gguf", "CUDA", "o.json", gpu="7") is None
     assert tinygrad_run.profile_elsewhere("m.gguf", "CUDA", "o.json") is None
     assert seen[0]["CUDA_VISIBLE_DEVICES"] == "7" and seen[1] is None      # one process alone inherits ours
+
+
+def test_workers_never_share_a_gpu_and_start_nothing_after_a_failure(monkeypatch, tmp_path):
+    """More processes than GPUs: a GPU takes its next process only when its last has ended. A failed process is
+    refused in one line, and no process starts after it."""
+    import threading
+    import time
+    from boltbeam.errors import BadInput, Refused
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lock, busy, started = threading.Lock(), set(), []
+
+    def one_a_gpu(model, device, out, *flags, gpu=None):
+        with lock:
+            assert gpu not in busy, f"two processes on GPU {gpu}"
+            busy.add(gpu)
+            started.append(out)
+        time.sleep(0.05 if out.endswith("p2.json") else 0.2)     # the second GPU's first ends first
+        with lock:
+            busy.discard(gpu)
+        return "out of memory" if fail and out.endswith(fail) else None
+    monkeypatch.setattr(choose, "profile_elsewhere", one_a_gpu)
+    fail, ran = None, []
+    choose.profile_side("m.gguf", "CUDA", str(tmp_path / "b.json"), 5, lambda: ran.append(1), "the baseline",
+                        workers=2)
+    assert len(started) == len(ran) == 5
+    fail, started = "b.p2.json", []
+    with pytest.raises(Refused, match="profiling the baseline failed: out of memory"):
+        choose.profile_side("m.gguf", "CUDA", str(tmp_path / "b.json"), 5, lambda: None, "the baseline", workers=2)
+    assert sorted(started) == [str(tmp_path / "b.json"), str(tmp_path / "b.p2.json")]    # nothing after the failure
+    for visible, says in (("5,7", "names 2"), ("5,5,7", "names 2"), ("", "names 0"), ("-1,0,1", "names 2")):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        with pytest.raises(BadInput, match=says):
+            choose.gpus(3)

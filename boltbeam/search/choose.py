@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -238,28 +238,45 @@ def profile_route(model: str, device: str, path: str, sha: str, context: int, to
 
 def profile_side(model: str, device: str, path: str, processes: int, ran: Callable[[], None], what: str,
                  *flags: str, workers: int = 1) -> None:
-    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each, `workers`
-    at once, each of those on a GPU of its own (gpus) where there are more than one; `ran` is called after each, and a
-    failure is refused in one line naming `what` was profiled."""
+    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each; with
+    `workers` above 1, one process at a time on each of that many GPUs (gpus: the i-th file on GPU i mod workers).
+    `ran` is called after each; a failure is refused in one line naming `what` was profiled, and no other process
+    starts after it."""
     paths = process_paths(path, processes)
-    placed = gpus(workers) if workers > 1 else [None]
-    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
-        runs = [pool.submit(profile_elsewhere, model, device, each, *flags, gpu=placed[i % len(placed)])
-                for i, each in enumerate(paths)]
-        for run in as_completed(runs):
-            if failed := run.result():
+    if workers == 1:
+        for each in paths:
+            if failed := profile_elsewhere(model, device, each, *flags):
                 raise Refused(f"profiling {what} failed: {failed}")
             ran()
+        return
+    placed = gpus(workers)
+    waiting = {g: paths[g::workers] for g in range(workers)}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        def start(g: int) -> dict:
+            return {pool.submit(profile_elsewhere, model, device, waiting[g].pop(0), *flags, gpu=placed[g]): g} \
+                if waiting[g] else {}
+        running = {f: g for g in range(workers) for f, g in start(g).items()}
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                g = running.pop(f)
+                if failed := f.result():    # the others' running processes end; none starts
+                    raise Refused(f"profiling {what} failed: {failed}")
+                ran()
+                running.update(start(g))
 
 
 def gpus(workers: int) -> list[str]:
     """The GPUs `workers` processes run on at once, one each: the first of CUDA_VISIBLE_DEVICES where it is set (the
-    GPUs this process may use), else the first `workers` of the machine; one line where it names too few."""
-    visible = switches.VISIBLE_DEVICES.value
-    ids = [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(i) for i in range(workers)]
-    if len(ids) < workers:
-        raise BadInput(f"--workers {workers} needs a GPU each: CUDA_VISIBLE_DEVICES={visible} names {len(ids)}")
-    return ids[:workers]
+    GPUs this process may use), else the first `workers` of the machine; one line where it names too few, one twice,
+    or one CUDA would not read (a negative index ends its list)."""
+    visible = switches.VISIBLE_DEVICES.value if switches.VISIBLE_DEVICES.is_set else None
+    ids = [g.strip() for g in visible.split(",")] if visible is not None else [str(i) for i in range(workers)]
+    ids = ids[:workers]
+    if len(ids) < workers or len(set(ids)) < len(ids) or any(not g or g.startswith("-") for g in ids):
+        raise BadInput(f"--workers {workers} needs a GPU each: CUDA_VISIBLE_DEVICES={visible!r} names "
+                       f"{len(set(g for g in ids if g and not g.startswith('-')))} it can use")
+    return ids
 
 
 def space(family: Family, target: Target) -> tuple[list, Counter]:
