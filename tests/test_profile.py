@@ -65,6 +65,8 @@ def test_trace_holds_both_passes(tiny_model, tiny_trace):
     assert t.environment.engine == "tinygrad" and t.environment.engine_version == "0.13.0"
     assert t.environment.model_sha256 == sha256_file(tiny_model)
     assert t.workload.context == 4 and t.route.label == "tinygrad-scheduler"
+    ph = t.provenance.phases     # the profile's own seconds: the measured tokens' phase holds every token's wall
+    assert ph.tokens_s * 1e6 >= sum(t.token_wall_us) + sum(t.kernel_pass_wall_us) and ph.load_s > 0 and ph.prefill_s > 0
     per_token = [len(t.kernels_of_token(i)) for i in range(5)]
     assert per_token[0] > 10 and len(set(per_token)) == 1     # the same kernels every token
     for k in t.kernels:

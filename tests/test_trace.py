@@ -55,6 +55,9 @@ BAD = [
     (top(["route", "label"], 3), "route 'label'"),
     (top(["environment", "gpu"], "x"), "unexpected keyword argument 'gpu'"),     # a key no field names
     (top(["provenance", "reference"], 3), "'reference' must be an object"),
+    (top(["provenance", "phases"], {"setup_s": 1}), "provenance 'phases'"),
+    (top(["provenance", "phases"], dict.fromkeys(["setup_s", "load_s", "families_s", "prefill_s", "warmup_s"], 1.0)
+         | {"tokens_s": -2.0}), "'phases' must be seconds >= 0"),
     (top(["kernel_pass"], {"timing": "stopwatch", "jit_calls": [1], "graph_launches": [2]}), "'kernel_pass' must be"),
     (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [1]}), "'kernel_pass' must be"),
     (top(["kernel_pass"], {"timing": "cupti", "jit_calls": [-1], "graph_launches": [2]}), "'kernel_pass' must be"),

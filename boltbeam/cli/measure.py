@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import statistics
 from typing import Any
@@ -215,6 +216,7 @@ def trace_summary(trace: Trace, out: str) -> dict[str, Any]:
             "device": trace.environment.device, "context": trace.workload.context,
             "token_walls": len(walls), "median_token_wall_us": statistics.median(walls) if walls else None,
             "kernels": len(trace.kernels), "kernel_tokens": len(trace.kernel_tokens),
+            "phases_s": dataclasses.asdict(trace.provenance.phases) if trace.provenance.phases else None,
             "notes": trace.provenance.notes or []}
 
 
@@ -229,7 +231,9 @@ def _save_and_summarize(trace: Trace, args: argparse.Namespace, title: str) -> i
     if args.json:
         report.print_json(summary)
         return 0
-    rows = [(k, f"{v:,.2f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "notes"]
+    shown = lambda v: f"{v:,.2f}" if isinstance(v, float) else ", ".join(
+        f"{k.removesuffix('_s')} {s:,.1f} s" for k, s in v.items()) if isinstance(v, dict) else v
+    rows = [(k, shown(v)) for k, v in summary.items() if k != "notes"]
     report.console().print(report.table(title, ["field", "value"], rows))
     for note in summary["notes"]:
         report.console().print(f"  note: {note}")

@@ -48,8 +48,8 @@ from boltbeam.measure import programs, seam
 from boltbeam.measure.prepared import Prepared
 from boltbeam.measure.route import Route, routed_label
 from boltbeam.measure.route import install as route_install
-from boltbeam.measure.trace import (TIMINGS, Environment, Kernel, KernelPass, Memory, Provenance, RouteRecord, Trace,
-                                    Workload)
+from boltbeam.measure.trace import (TIMINGS, Environment, Kernel, KernelPass, Memory, Phases, Provenance, RouteRecord,
+                                    Trace, Workload)
 from boltbeam.read.census import Census, TensorEntry, take_census
 from boltbeam.read.roles import ROLES
 
@@ -497,6 +497,7 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = WA
     timing = timing or default_timing(device)
     if timing in ("cupti", "launch") and not device.startswith("CUDA"):
         raise BadInput(f"--timing {timing} needs CUDA; on {device} the kernels are timed by tinygrad's own graph timestamps")
+    started = time.perf_counter()
     if host_profile:
         if timing == "launch":
             raise BadInput("--host-profile profiles the graph replay users run: not with --timing launch (no graphs)")
@@ -519,7 +520,8 @@ def profile(model: str, device: str, context: int, tokens: int, warmup: int = WA
     # tinygrad copies its executors' globals when it first compiles them, so the hook goes in
     # before anything runs; it records nothing until `active` is set.
     with rec.install(), route_install(route[1].opts_by_kernel() if route else {}) as applied, programs.kept():
-        run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare)
+        run = _Run(path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare,
+                   started)
         run.route = (route[0], route[1], applied) if route else None
         run.applied = applied
         trace = run.trace(model_hash)
@@ -601,21 +603,27 @@ HOST_PROFILE_ROWS = 40      # functions a host profile lists, by each of its two
 
 class _Run:
     """One loaded model decoding: the plain tokens users get and the timed tokens, one trace."""
-    def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare):
+    def __init__(self, path, census, device, prompt, max_context, tokens, warmup, beam, rec, cupti, progress, prepare,
+                 started: float):
         from tinygrad import Context
         from boltbeam.measure.architectures import load
+        self.marks = [started, time.perf_counter()]     # each phase's end (Phases), from the profile's start
         self.path, self.census, self.device, self.prompt = path, census, device, prompt
         self.tokens, self.warmup, self.beam, self.rec, self.cupti = tokens, warmup, beam, rec, cupti
         self.tick = progress or (lambda stage, n: None)
         self.net = load(path, max_context, census)     # tinygrad.llm's model, fitted to the file's formula
+        self.marks.append(time.perf_counter())
         self.prepared = [family(self.net, census, str(path)) for family in prepare or []]
+        self.marks.append(time.perf_counter())
         self.gen, first = start_decode(self.net, prompt, beam)
         self.out_tokens: list[int] = [first]
+        self.marks.append(time.perf_counter())
         self.tick("prefill", 1)
         # Warm-up tokens keep compilation (and any search) out of the numbers; they run and capture the decode JIT.
         with Context(BEAM=beam):
             for _ in range(warmup - 1):
                 self._next("warm-up")
+        self.marks.append(time.perf_counter())
 
     def _next(self, stage: str) -> _Step:
         """Decode one token."""
@@ -659,6 +667,7 @@ class _Run:
     def trace(self, model_hash: bool) -> Trace:
         where = f"{self.device}, timing {self.rec.timing}"
         plain, timed, notes = {"hcq": self._hcq, "cupti": self._cupti, "launch": self._launch}[self.rec.timing](where)
+        self.marks.append(time.perf_counter())
         for t in timed:
             if not t.timeline:
                 raise Refused("adapter-incomplete: tinygrad ran this token's kernels where the recorder could not "
@@ -828,4 +837,5 @@ class _Run:
                                   timing=TIMINGS[self.rec.timing] + (f" (cupti-python {version('cupti-python')})"
                                                                      if self.rec.timing == "cupti" else ""),
                                   notes=notes + [n for p in self.prepared for n in p.notes],
-                                  inputs=[{"path": str(self.path), "sha256": None}]))
+                                  inputs=[{"path": str(self.path), "sha256": None}],
+                                  phases=Phases(*(round(b - a, 3) for a, b in zip(self.marks, self.marks[1:])))))

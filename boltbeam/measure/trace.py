@@ -29,7 +29,7 @@ keeps the keys it had.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from typing import Any, Callable
 
 from boltbeam.errors import BadInput
@@ -112,6 +112,19 @@ class Reference:
 
 
 @dataclass
+class Phases:
+    """Where a profile's own seconds went, in the order they ran (BoltBeam's profile only): opening the device and
+    the timing, loading the model, building the route's families on it, the prompt's prefill, the warm-up tokens
+    (compiling the decode), and the measured tokens."""
+    setup_s: float
+    load_s: float
+    families_s: float
+    prefill_s: float
+    warmup_s: float
+    tokens_s: float
+
+
+@dataclass
 class Provenance:
     source: str | None = None                  # "profile" or "import:KIND"
     tool_version: str | None = None
@@ -122,6 +135,7 @@ class Provenance:
     record: dict[str, Any] | None = _where_set()          # llama-bench: the test's own fields
     kernels_outside_tokens: int | None = _where_set()     # chrome trace: kernels no token's span holds
     reference: Reference | None = _where_set()
+    phases: Phases | None = _where_set()
 
 
 @dataclass
@@ -366,6 +380,10 @@ def from_dict(d: Any, where: str = "trace") -> Trace:
         raise BadInput(f"{where}: route 'label' must be a string or null, not {route.label!r}")
     if provenance.reference is not None:
         provenance.reference = _record(Reference, provenance.reference, "provenance 'reference'", where)
+    if provenance.phases is not None:
+        provenance.phases = _record(Phases, provenance.phases, "provenance 'phases'", where)
+        if not all(_is_num(v) and v >= 0 for v in astuple(provenance.phases)):
+            raise BadInput(f"{where}: provenance 'phases' must be seconds >= 0")
     out_tokens = d.get("output_tokens")
     if out_tokens is not None and (not isinstance(out_tokens, list) or not all(_is_int(t) for t in out_tokens)):
         raise BadInput(f"{where}: 'output_tokens' must be a list of integers or null")
