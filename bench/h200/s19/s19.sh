@@ -9,6 +9,8 @@
 #  3. --half-cache with 64:kernel:burst:rotary at 4,096 (not reached);
 #  4. the prefill's chunks timed with the layout's products fused and on weights unpacked once (not reached).
 #   call A: MINUTES=12 bash bench/h200/s19/s19.sh start && bash bench/h200/s19/s19.sh wait 540    (carry .whl)
+# Next (written after the run): MINUTES=20, and WORKERS=2 on an nvidia-h200-x2 (tune --workers 2), then phases.json
+# says where each process's seconds went.
 #   call B...: bash bench/h200/s19/s19.sh wait S
 set -u
 export RUN=/tmp/run H=bench/h200 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD CACHEDB=/tmp/tinygrad_cache.db DEV=CUDA
@@ -24,10 +26,11 @@ case $1 in
     stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
     stage tune 1500 python3 -m boltbeam tune /tmp/m.gguf --device CUDA --target $TARGET --out "$RUN/tune" \
       --ledger "$RUN/tune.sqlite" --context 512 --tokens 16 --budget 1 --minutes ${MINUTES:-17} --alone 64 \
-      --seconds-per-kernel 20 --beam 2 --processes 2 --json \
+      --seconds-per-kernel 20 --beam 2 --processes 2 --workers ${WORKERS:-1} --json \
       --families repacked_layout,split_attention,gemv,fusion,constants_once,direct_replay
     mkdir -p "$O/tune" && cp "$RUN"/tune/{route.json,tune.json,report.html} "$RUN/tune.sqlite" "$O/tune/"
     (cd "$RUN/tune" && tar czf "$O/tune/traces.tgz" traces)
+    python3 bench/h200/phases.py "$RUN/tune/traces" "$O/tune/phases.json"     # (after s19's run: the traces' phases)
     [ -e "$RUN/tune/route.json" ] && profile 8b.512.tuned /tmp/m.gguf --context 512 --route "$RUN/tune/route.json"
     python3 bench/h200/beam_cache.py import bench/h200/s16/run/beam_cache.json
     profile 8b.512.best /tmp/m.gguf --context 512 --route bench/h200/rotary/route.json
