@@ -271,7 +271,8 @@ def gpus(workers: int) -> list[str]:
     GPUs this process may use), else the first `workers` of the machine; one line where it names too few, one twice,
     or one CUDA would not read (a negative index ends its list)."""
     visible = switches.VISIBLE_DEVICES.value if switches.VISIBLE_DEVICES.is_set else None
-    ids = ([g.strip() for g in visible.split(",")] if visible is not None else [str(i) for i in range(workers)])[:workers]
+    named = [g.strip() for g in visible.split(",")] if visible is not None else [str(i) for i in range(workers)]
+    ids = named[:workers]
     usable = {g for g in ids if g and not g.startswith("-")}
     if len(usable) < workers:
         raise BadInput(f"--workers {workers} needs a GPU each: CUDA_VISIBLE_DEVICES={visible!r} names {len(usable)} "
