@@ -1,0 +1,29 @@
+"""gemv's products timed alone as tune times them (search/alone.py), for the first N product shapes, biggest first,
+at most K geometries and S seconds each: run under cProfile to see where the host's seconds go.
+
+  python3 bench/h200/s20/alone_prof.py MODEL TARGET K S N
+"""
+import sys
+import time
+
+import numpy as np
+
+from boltbeam.bound.targets import get_target
+from boltbeam.foresight.future import calibration
+from boltbeam.read.census import take_census
+from boltbeam.route.families import BY_NAME
+from boltbeam.route.gemv import product_key
+from boltbeam.route.layout import Setting
+from boltbeam.search import alone
+from boltbeam.search.choose import legal_space
+
+model, target_name, most, seconds, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+census, target = take_census(model), get_target(target_name)
+legal = legal_space(BY_NAME["gemv"], target)[0]
+setting = Setting(scale_dtype="float16", form="kernel")
+rng = np.random.default_rng(0)
+counted = sorted(alone.shapes(census, setting).items(), key=lambda kv: -kv[0].rows * kv[0].cols * kv[0].bits)
+for shape, count in counted[:n]:
+    t = time.monotonic()
+    p = alone.time_product(shape, count, setting.scale_dtype, legal, target, calibration(target.name), most, seconds, rng)
+    print(product_key(shape.planes()), len(p.timed), p.best, p.best_us, f"{time.monotonic() - t:.1f} s", flush=True)
