@@ -411,6 +411,45 @@ def test_each_product_alone_checked_then_timed_in_futuresights_order(tiny_model)
     assert none.timed == [] and none.best is None
 
 
+def test_a_compile_pool_compiles_every_geometry_and_the_product_is_timed_as_without(monkeypatch):
+    """search/alone.py with a compile pool: each geometry's kernel is compiled in the pool's processes (this
+    process generates none of them) and checked and timed as when it compiles them itself, in the same order;
+    a kernel the pool's compiler refuses is that geometry's refusal."""
+    import tinygrad.codegen as codegen
+    from tinygrad import Device, Tensor
+    from tinygrad.codegen.opt import Opt, OptOps
+    from tinygrad.uop.ops import Ops
+    from boltbeam.search import alone
+    from boltbeam.search.compiler import compile_pool, compiled_in_order
+    shape = alone.Shape(128, 512, 4, 32, True)
+    geometries = [Geometry(1, 32, 4, 16), Geometry(32, 1, 2, 8), Geometry(1, 32, 1, 4, 1)]
+    generated, orig = [], codegen.do_to_program
+
+    def counted(ast, renderer):      # a kernel generated from its AST (not a program handed on)
+        generated.append(getattr(ast.arg, "name", "") if ast.op is Ops.SINK else "")
+        return orig(ast, renderer)
+    monkeypatch.setattr(codegen, "do_to_program", counted)
+    runs = {}
+    for workers in (0, 2):
+        monkeypatch.setattr(codegen, "to_program_cache", {})     # nothing kept from an earlier run here
+        generated.clear()
+        with compile_pool(workers) as pool:
+            runs[workers] = alone.time_product(shape, 1, "float16", geometries, get_target("h200"), Calibration(), 3,
+                                               60.0, np.random.default_rng(0), reps=1, pool=pool)
+        here = sum(name.startswith("gemv") for name in generated)
+        assert here > 0 if workers == 0 else here == 0
+    here, pooled = runs[0].timed, runs[2].timed
+    assert [r.geometry for r in pooled] == [r.geometry for r in here] and len(pooled) == runs[2].legal >= 2
+    assert [r.relative_error for r in pooled] == [r.relative_error for r in here]
+    assert all(r.refused is None and r.relative_error <= alone.CHECK and r.median_us > 0 for r in pooled)
+    with compile_pool(1) as pool:      # an opt tinygrad refuses, sent as a geometry's kernel would be
+        planes = alone.random_planes(shape, "float16", np.random.default_rng(0))
+        planes.to_words()
+        ast = alone.kernel_asts(planes, Tensor.ones(1, 512).contiguous())[0]
+        (refusal,) = compiled_in_order([(ast, Device["CPU"].renderer, (Opt(OptOps.UPCAST, 0, 7),))], pool)
+    assert refusal.startswith("tinygrad refuses")
+
+
 def test_an_earlier_searchs_fastest_go_first(tmp_path):
     """--alone-from: an earlier search's times alone, fastest first by product, are timed first (up to half
     of `most`; only those legal here, each once), then FutureSight's order; a file that is not such a

@@ -80,7 +80,26 @@ def kept() -> Iterator[None]:
         codegen.do_to_program = orig
 
 
+@contextlib.contextmanager
+def given(ready: dict) -> Iterator[None]:
+    """Programs compiled in other processes of this machine for this process's renderer (search/compiler.py's
+    compile pool), by their AST's key: while this holds, tinygrad takes a program from `ready` (filled as they
+    arrive) instead of generating it again. A kernel not there is generated as always."""
+    import tinygrad.codegen as codegen
+    orig = codegen.do_to_program
+
+    def do_to_program(ast, renderer):
+        program = ready.get(ast.key)
+        return orig(ast, renderer) if program is None else program
+
+    codegen.do_to_program = do_to_program
+    try:
+        yield
+    finally:
+        codegen.do_to_program = orig
+
+
 def active() -> bool:
-    """Whether a `kept()` is in force in this process."""
+    """Whether a `kept()` or a `given()` is in force in this process (tinygrad's programs are not all its own)."""
     import tinygrad.codegen as codegen
     return codegen.do_to_program.__module__ == __name__

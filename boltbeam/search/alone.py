@@ -26,9 +26,12 @@ import numpy as np
 
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput
+from boltbeam.measure import programs
+from boltbeam.measure.route import with_opts
 from boltbeam.route.gemv import Geometry, geometry_sight, product_key
 from boltbeam.route.layout import Planes, Setting, taken_groups, values_of
 from boltbeam.foresight.future import Calibration, rank_correlation
+from boltbeam.search.compiler import compile_pool, compile_workers, compiled_in_order
 
 CHECK = 1e-4      # a geometry's product against the planes' weights times the input, relative to its largest
 REPS = 20         # timed runs of each geometry
@@ -112,19 +115,26 @@ def kernel_asts(p: Planes, x) -> tuple:
     return tuple(sorted(sinks, key=lambda a: not (a.arg is not None and a.arg.name.startswith("gemv"))))
 
 
-def time_alone(asts: tuple, opts: tuple | None, reps: int, rng) -> list[list[float]] | str:
+def time_alone(asts: tuple, opts: tuple | None, reps: int, rng, scratch: dict | None = None) -> list[list[float]] | str:
     """The product's kernels alone on the device, the generated one at these opts and any other at the
     compiler's own, each reps times on buffers of random bytes (µs, a list for each kernel), or why one
-    could not run (the search's own compile and timing, search/compiler.py). Each kernel alone pays its own
-    launch, which a token's graph mostly hides: a product of two kernels pays it twice here."""
+    could not run (the search's own compile and timing, search/compiler.py). The buffers are made once for
+    each kernel and kept in `scratch` where it is given, for the product's next geometry (the vocabulary's
+    planes are half a gigabyte of random bytes). Each kernel alone pays its own launch, which a token's graph
+    mostly hides: a product of two kernels pays it twice here."""
     from tinygrad import Device
 
-    from boltbeam.search.compiler import compile_ast, time_ast
+    from boltbeam.search.compiler import compile_ast, scratch_buffers, time_ast
     ren = Device[Device.DEFAULT].renderer
+    scratch = {} if scratch is None else scratch
     out = []
     for i, ast in enumerate(asts):
         prg = compile_ast(ast, ren, None if opts is None or i else tuple(opts))
-        samples = prg if isinstance(prg, str) else time_ast(ast, ren, prg, reps, rng.bytes)
+        if isinstance(prg, str):
+            return prg
+        if ast.key not in scratch:
+            scratch[ast.key] = scratch_buffers(ast, ren.target.device, rng.bytes)
+        samples = time_ast(ast, ren, prg, reps, scratch[ast.key])
         if isinstance(samples, str):
             return samples
         out.append(samples)
@@ -154,10 +164,11 @@ def earlier_times(path: str) -> dict[str, list[Geometry]]:
 
 def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Geometry], target: Target,
                  cal: Calibration, most: int, seconds: float, rng, reps: int = REPS,
-                 earlier: list[Geometry] = ()) -> Product:
+                 earlier: list[Geometry] = (), pool=None) -> Product:
     """The product's legal geometries, each checked then timed alone, until `most` were timed or `seconds`
     passed: first (up to half of `most`) those of `earlier`, an earlier search's fastest first, that are
-    legal here; then FutureSight's order. Its fastest is its choice."""
+    legal here; then FutureSight's order. Its fastest is its choice. With a compile pool
+    (search/compiler.py's compile_pool), the geometries' kernels are compiled there, ahead of their turn."""
     from tinygrad import Device, Tensor
 
     t0 = time.monotonic()
@@ -165,7 +176,6 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     x = Tensor(rng.standard_normal((1, shape.cols)).astype(np.float32)).realize()
     want = (x @ p.weights().T).numpy().ravel()
     p.to_words()
-    asts = {}     # the product's kernels, by whether the geometry computes the input's group sums once and unpacks by exponent
     sights = {g: s for g in geometries if (s := geometry_sight(p, p.nbytes, g, target, cal)) is not None}
     out = Product(product_key(p), count, p.nbytes, len(sights))
     groups = Device[Device.DEFAULT].renderer.has_local
@@ -175,24 +185,38 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
     first = list(dict.fromkeys(g for g in earlier if g in sights))[:most // 2]
     taken = set(first)
     rest = [g for g in sorted(sights, key=lambda g: (sights[g].us, tie[g])) if g not in taken]
-    for g in (first + rest)[:most]:
-        if time.monotonic() - t0 > seconds:
-            break
-        p.geometry, p.thread_groups, p.memo = g, groups, None
-        got = p.gemv(x, "kernel").numpy().ravel()
-        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-        row = Timed(g.flag, sights[g].us, relative_error=err)
-        kind = g.sums_once(p), g.unpacks_by_exponent(p)
-        if kind not in asts:
-            asts[kind] = kernel_asts(p, x)
-        samples = time_alone(asts[kind], g.opts(p, 1, groups), reps, rng) if err <= CHECK else \
-            f"wrong product: relative error {err:.3g}"
-        if isinstance(samples, list):     # the product's time: its kernels' summed run by run
-            row.samples_us = [sum(run) for run in zip(*samples)]
-            row.median_us, row.kernels_us = median(row.samples_us), [median(k) for k in samples]
-        else:
-            row.refused = samples
-        out.timed.append(row)
+    todo = (first + rest)[:most]
+    kind = lambda g: (g.sums_once(p), g.unpacks_by_exponent(p))
+    asts = {}     # the product's kernels, by whether the geometry computes the input's group sums once and unpacks by exponent
+    for g in todo:
+        if kind(g) not in asts:
+            p.geometry, p.thread_groups = g, groups
+            asts[kind(g)] = kernel_asts(p, x)
+    # each geometry's generated kernel, compiled ahead by the pool while the earlier ones are checked and timed
+    generated = {g: with_opts(asts[kind(g)][0], g.opts(p, 1, groups)) for g in todo}
+    ready: dict = {}
+    scratch: dict = {}      # each kernel's buffers of random bytes, made for its first geometry
+    ahead = compiled_in_order([(generated[g], Device[Device.DEFAULT].renderer, None) for g in todo], pool)
+    with programs.given(ready):
+        for g in todo:
+            if time.monotonic() - t0 > seconds:
+                break
+            row = Timed(g.flag, sights[g].us)
+            out.timed.append(row)
+            if isinstance(program := next(ahead), str):
+                row.refused = program
+                continue
+            ready[generated[g].key] = program
+            p.geometry, p.thread_groups, p.memo = g, groups, None
+            got = p.gemv(x, "kernel").numpy().ravel()
+            row.relative_error = err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+            samples = time_alone(asts[kind(g)], g.opts(p, 1, groups), reps, rng, scratch) if err <= CHECK else \
+                f"wrong product: relative error {err:.3g}"
+            if isinstance(samples, list):     # the product's time: its kernels' summed run by run
+                row.samples_us = [sum(run) for run in zip(*samples)]
+                row.median_us, row.kernels_us = median(row.samples_us), [median(k) for k in samples]
+            else:
+                row.refused = samples
     out.from_earlier = min(len(first), len(out.timed))     # out of time sooner: only those it reached
     ok = [r for r in out.timed if r.median_us is not None]
     if ok:
@@ -207,12 +231,15 @@ def time_products(census, setting: Setting, geometries: list[Geometry], target: 
                   most: int, seconds: float, say: Callable[[str], None] = lambda s: None,
                   earlier: dict[str, list[Geometry]] | None = None) -> list[Product]:
     """Every product shape of the layout, timed alone at its geometries (time_product; an earlier search's
-    fastest first, by product, where `earlier` is given), biggest first."""
+    fastest first, by product, where `earlier` is given), biggest first; their kernels compiled by as many
+    processes beside this one as tinygrad's BEAM would start (compile_workers)."""
+    from tinygrad import Device
     rng = np.random.default_rng(0)
     counted = sorted(shapes(census, setting).items(), key=lambda kv: -kv[0].rows * kv[0].cols * kv[0].bits)
     out = []
-    for shape, count in counted:
-        say(f"timing geometries alone: {product_key(shape.planes())}")
-        out.append(time_product(shape, count, setting.scale_dtype, geometries, target, cal, most, seconds, rng,
-                                earlier=(earlier or {}).get(product_key(shape.planes()), ())))
+    with compile_pool(compile_workers(Device.DEFAULT)) as pool:
+        for shape, count in counted:
+            say(f"timing geometries alone: {product_key(shape.planes())}")
+            out.append(time_product(shape, count, setting.scale_dtype, geometries, target, cal, most, seconds, rng,
+                                    earlier=(earlier or {}).get(product_key(shape.planes()), ()), pool=pool))
     return out

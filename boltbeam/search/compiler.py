@@ -13,7 +13,7 @@ import math
 import pathlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from boltbeam.errors import BadInput
 from boltbeam.measure.tinygrad_run import ANSI
@@ -198,22 +198,66 @@ def compile_ast(ast, renderer, opts: tuple | None):
         return f"the compile failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
 
 
+def compile_workers(device: str) -> int:
+    """Processes that compile beside the one that times, as tinygrad's BEAM has them (its PARALLEL, by default
+    every core on a GPU and none on the CPU, where compiling would share the cores the kernels run on)."""
+    import os
+
+    from tinygrad.helpers import getenv
+    return max(0, getenv("PARALLEL", (os.cpu_count() or 1) if device in {"CUDA", "AMD", "NV", "METAL", "HIP"} else 0))
+
+
+def _compile_job(job: tuple):
+    """compile_ast in a compile pool's process: (ast, renderer, opts) -> the program or the refusal."""
+    return compile_ast(*job)
+
+
+@contextlib.contextmanager
+def compile_pool(workers: int):
+    """`workers` processes that compile kernels (none: None), as tinygrad's BEAM starts its own (spawned, no
+    device opened, Ctrl-C left to this process); ended on the way out, whatever they still hold."""
+    if workers < 1:
+        yield None
+        return
+    import multiprocessing
+
+    from tinygrad.codegen.opt.search import _init_worker
+    pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def compiled_in_order(jobs: list[tuple], pool) -> Iterator:
+    """Each (ast, renderer, opts) job's program or refusal (compile_ast), in the jobs' order: compiled ahead
+    by the pool's processes while the caller works on the earlier ones, or here one at a time as asked for."""
+    return pool.imap(_compile_job, jobs) if pool is not None else (compile_ast(*job) for job in jobs)
+
+
 def time_program(c: Captured, prg, reps: int) -> list[float] | str:
     """The program alone on the device, reps times (µs), on scratch buffers of the kernel's sizes (time_ast)."""
     return time_ast(c.ast, c.renderer, prg, reps)
 
 
-def time_ast(ast, renderer, prg, reps: int, fill: Callable[[int], bytes] | None = None) -> list[float] | str:
-    """The program of `ast` alone on the device, reps times (µs), on scratch buffers of the kernel's sizes
-    (filled by `fill`, given their size, where it is given), the caches emptied before each run where the
-    device can (as tinygrad's BEAM times); or why it failed."""
-    from tinygrad import Device
+def scratch_buffers(ast, device: str, fill: Callable[[int], bytes] | None = None) -> list:
+    """Buffers of the kernel's sizes on the device, filled by `fill` (given their size) where it is given."""
     from tinygrad.codegen.opt.postrange import bufs_from_ast
-    from tinygrad.codegen.opt.search import _time_program
-    device = renderer.target.device
     bufs = [b.ensure_allocated() for b in bufs_from_ast(ast, device)]
     for b in bufs if fill else ():
         b.copyin(memoryview(bytearray(fill(b.nbytes))))
+    return bufs
+
+
+def time_ast(ast, renderer, prg, reps: int, bufs: list | None = None) -> list[float] | str:
+    """The program of `ast` alone on the device, reps times (µs), on scratch buffers of the kernel's sizes
+    (`bufs`, from scratch_buffers, where they are given), the caches emptied before each run where the
+    device can (as tinygrad's BEAM times); or why it failed."""
+    from tinygrad import Device
+    from tinygrad.codegen.opt.search import _time_program
+    device = renderer.target.device
+    bufs = scratch_buffers(ast, device) if bufs is None else bufs
     try:
         tms = _time_program(prg, _mid_vals(ast), bufs, allow_test_size=False, cnt=reps,
                             clear_l2=hasattr(Device[device], "invalidate_caches"))
