@@ -307,3 +307,33 @@ def test_brackets_open_at_a_tokens_first_launch_and_close_after_its_last():
         assert log[0] == "first" and log.count("first") == 1 and log.count("last") >= 2 and log[-1] == "last"
         assert bracket == 42.0 and opened
     assert copy == [[], None, False]
+
+
+def test_a_prompt_steps_through_the_decode_while_its_projection_allows_then_is_prefilled_in_chunks(tiny_model,
+                                                                                                     monkeypatch):
+    """start_decode: a prompt goes through the decode step a token at a time while the steps timed once the JIT
+    replays project the rest within PREFILL_STEP_SECONDS; past it, the rest takes tinygrad's chunked prefill,
+    PREFILL_MOST tokens a call at most. Either way the greedy tokens are the same."""
+    import pathlib
+
+    from boltbeam.measure import tinygrad_run
+    from boltbeam.measure.architectures import load
+    census = take_census(tiny_model)
+    prompt = tinygrad_run.prompt_tokens(40, census.facts.vocabulary)
+    monkeypatch.setattr(tinygrad_run, "PREFILL_MOST", 16)
+    nets = [load(pathlib.Path(tiny_model), tinygrad_run.kv_positions(census, len(prompt) + 8), census) for _ in "ab"]
+    call, calls = type(nets[0]).__call__, {id(net): [] for net in nets}
+
+    def counted(self, tokens, *args):     # a step's count is 1; a chunk's is bound
+        calls[id(self)].append(n if isinstance(n := tokens.shape[1], int) else n.unbind()[1])
+        return call(self, tokens, *args)
+    monkeypatch.setattr(type(nets[0]), "__call__", counted)
+    tokens = []
+    for net, bound in zip(nets, (tinygrad_run.PREFILL_STEP_SECONDS, 0.0)):
+        monkeypatch.setattr(tinygrad_run, "PREFILL_STEP_SECONDS", bound)
+        gen, first = tinygrad_run.start_decode(net, prompt)
+        tokens.append([first] + [next(gen) for _ in range(3)])
+    probed = 2 + tinygrad_run.PREFILL_PROBE
+    assert calls[id(nets[0])] == [1] * 43          # 39 steps, the last prompt token, 3 decoded
+    assert calls[id(nets[1])] == [1] * probed + [16, 14] + [1] * 3
+    assert tokens[0] == tokens[1]

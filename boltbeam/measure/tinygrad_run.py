@@ -571,31 +571,50 @@ class _TimedToken:
         return (self.marks_ns[1] - max(end for _, _, end, _ in self.timeline)) / 1e3
 
 
-PREFILL_CHUNK = 32     # prompt tokens tinygrad.llm's generate (0.13.0) takes in one prefill call, by default
+# prompt tokens a chunked prefill call takes at most (llama.cpp's default micro-batch): each call builds the model's
+# graph again, so a 512-token prompt goes in one call, not tinygrad.llm's 16 of 32
+PREFILL_MOST = 512
+# the most seconds a prompt may be projected to spend going through the decode step a token at a time; past it the
+# rest takes the chunked prefill. A chunked prefill of 512 tokens took 28-47 s of an 8B-shaped profile on an H100
+# (2026-12-07, bench/h200/s20), most of it the host building and scheduling the model's graph, where a route of
+# 6 ms a token steps through the same prompt in ~3 s
+PREFILL_STEP_SECONDS = 30.0
+PREFILL_PROBE = 8       # decode steps timed, once the JIT replays, to project the rest of the prompt
 
 
 def start_decode(net, prompt: list[int], beam: int = 0):
     """The model's token generator and its first token, the prompt decoded as every profile decodes it (never
-    measured). A prompt of 3 to PREFILL_CHUNK tokens runs through the decode step itself, a token a call, with the
-    decode's BEAM: kernels compiled for a single prefill call cost more than the steps they save (on the CPU, 7.5
-    of a tiny profile's 15 s). Its tokens go in as the decode's own input does (a (1, 1) tensor, no symbolic
+    measured). A prompt of 3 tokens or more runs through the decode step itself, a token a call, with the decode's
+    BEAM, as long as the steps timed once its JIT replays project the rest within PREFILL_STEP_SECONDS: a
+    prefill call's kernels cost more to build than the steps they save wherever the decode is fast (on the CPU,
+    7.5 of a tiny profile's 15 s). Its tokens go in as the decode's own input does (a (1, 1) tensor, no symbolic
     count), so the JIT the first two capture holds the kernels a chat session's decode runs; the last token goes
-    through generate (its cache taken as filled), a replay of that JIT. Any other prompt takes tinygrad's chunked
-    prefill, its kernels one by one: 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunk's
-    token count cannot be."""
-    from tinygrad import Context, Tensor, UOp
-    if not 3 <= len(prompt) <= PREFILL_CHUNK:
-        gen = net.generate(list(prompt))
-        with Context(JIT=2):
-            return gen, next(gen)
+    through generate (its cache taken as filled), a replay of that JIT. The rest of a prompt whose steps are too
+    slow, and a prompt of 1 or 2 tokens, take tinygrad's chunked prefill in calls of up to PREFILL_MOST tokens, its
+    kernels one by one: 0.13.0 builds a CUDA graph with every symbolic size at 0, which a chunk's token count
+    cannot be."""
+    from tinygrad import Context, Device, Tensor, UOp
+    steps = len(prompt) - 1 if len(prompt) >= 3 else 0
     start_pos = UOp.variable("start_pos", 0, net.max_context - 1)
     temperature = Tensor(0.0).contiguous()
+    probe = (2, 2 + PREFILL_PROBE)      # from the first replay (the JIT captures on its second call)
     with Context(BEAM=beam):
-        for i, token in enumerate(prompt[:-1]):
+        for i, token in enumerate(prompt[:steps]):
+            if i in probe:
+                Device[Device.DEFAULT].synchronize()
+                if i == probe[0]:
+                    began = time.perf_counter()
+                elif (time.perf_counter() - began) / PREFILL_PROBE * (steps - i) > PREFILL_STEP_SECONDS:
+                    steps = i
+                    break
             net(Tensor([[token]], dtype="int32"), start_pos.bind(i), temperature).realize()
-    net._cached_tokens = list(prompt[:-1])
-    gen = net.generate(list(prompt), chunk_size=1)
-    return gen, next(gen)
+    net._cached_tokens = list(prompt[:steps])
+    if steps == len(prompt) - 1:
+        gen = net.generate(list(prompt), chunk_size=1)
+        return gen, next(gen)
+    gen = net.generate(list(prompt), chunk_size=PREFILL_MOST)
+    with Context(JIT=2):
+        return gen, next(gen)
 
 
 HOST_PROFILE_ROWS = 40      # functions a host profile lists, by each of its two orders
