@@ -116,6 +116,35 @@ def test_non_finite_scales_repack_without_a_crash_and_never_match():
     assert not layout._matches(p, Tensor(reference(Tensor(b), "Q4_0")))   # install keeps the default route
 
 
+def test_weights_repacked_together_are_the_planes_each_gives_alone():
+    """layout.repack_all (install repacks its layers so, realizing and reading them together): the same planes,
+    zero points and matches as each weight repacked and checked alone, a NaN-scaled weight among them."""
+    from tinygrad import Tensor
+    rng = np.random.default_rng(5)
+    hostile = blocks("Q4_0", rng).numpy()
+    hostile[:, 0:2] = np.full(len(hostile), np.nan, np.float16).view(np.uint8).reshape(-1, 2)
+    weights = [(blocks(fmt, rng), fmt, ROWS, COLS) for fmt in layout.formats_with_layout()]
+    weights.append((Tensor(hostile), "Q4_0", ROWS, COLS))
+    together = layout.repack_all(weights)
+    alone = [layout.repack(*w) for w in weights]
+    for a, b in zip(together, alone):
+        assert a.zero == b.zero and len(a.tensors()) == len(b.tensors())
+        assert all(np.array_equal(x.numpy(), y.numpy(), equal_nan=True) for x, y in zip(a.tensors(), b.tensors()))
+    refs = [Tensor(reference(b, fmt)) for b, fmt, _, _ in weights]
+    refs[0] = refs[0].flip(0)                                           # a weight whose rows moved: no match
+    assert layout._all_match(list(zip(together, refs))) == [layout._matches(p, r) for p, r in zip(alone, refs)]
+    assert layout._all_match(list(zip(together, refs)))[1:-1] == [True] * (len(weights) - 2)
+
+
+def test_matrices_are_repacked_in_runs_of_one_blocks_in_the_files_order():
+    """install repacks a block's matrices together (tinygrad's schedule cache then takes every block after the first),
+    and never out of the file's order: the planes go back to their layers by position."""
+    from types import SimpleNamespace
+    order = [(None, "token_embd"), (0, "q"), (0, "k"), (1, "q"), (0, "v"), (None, "output"), (None, "head")]
+    runs = layout._by_block([(SimpleNamespace(block=b), name, None) for b, name in order])
+    assert [[m[1] for m in run] for run in runs] == [["token_embd"], ["q", "k"], ["q"], ["v"], ["output"], ["head"]]
+
+
 def test_a_format_without_a_description_is_search_space_incomplete():
     from tinygrad import Tensor
     with pytest.raises(BadInput, match="search-space-incomplete"):
