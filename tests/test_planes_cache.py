@@ -42,10 +42,11 @@ def same(a, b) -> bool:
 
 
 def repacks(monkeypatch) -> list:
-    """Counts layout.repack's calls from here on."""
+    """Counts the weights layout.repack_all repacks from here on (install repacks a block's together)."""
     calls = []
-    original = layout.repack
-    monkeypatch.setattr(layout, "repack", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = layout.repack_all
+    monkeypatch.setattr(layout, "repack_all", lambda weights, *a, **k: calls.extend([1] * len(weights)) or
+                        original(weights, *a, **k))
     return calls
 
 
