@@ -576,8 +576,8 @@ class _TimedToken:
 PREFILL_MOST = 512
 # the most seconds a prompt may be projected to spend going through the decode step a token at a time; past it the
 # rest takes the chunked prefill. A chunked prefill of 512 tokens took 28-47 s of an 8B-shaped profile on an H100
-# (2026-12-07, bench/h200/s20), most of it the host building and scheduling the model's graph, where a route of
-# 6 ms a token steps through the same prompt in ~3 s
+# (2026-12-07, bench/h200/s20), most of it the host building and scheduling the model's graph; a route of 6 ms a
+# token would step through the same prompt in ~3 s (not yet measured on a GPU)
 PREFILL_STEP_SECONDS = 30.0
 PREFILL_PROBE = 8       # decode steps timed, once the JIT replays, to project the rest of the prompt
 
