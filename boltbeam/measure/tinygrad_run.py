@@ -575,7 +575,7 @@ class _TimedToken:
 # graph again, so a 512-token prompt goes in one call, not tinygrad.llm's 16 of 32
 PREFILL_MOST = 512
 # the most seconds a prompt may be projected to spend going through the decode step a token at a time; past it the
-# rest takes the chunked prefill. A chunked prefill of 512 tokens took 28-47 s of an 8B-shaped profile on an H100
+# rest takes the chunked prefill. A chunked prefill of 512 tokens took 28-51 s of an 8B-shaped profile on an H100
 # (2026-12-07, bench/h200/s20), most of it the host building and scheduling the model's graph; a route of 6 ms a
 # token would step through the same prompt in ~3 s (not yet measured on a GPU)
 PREFILL_STEP_SECONDS = 30.0
