@@ -193,7 +193,8 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
             p.geometry, p.thread_groups = g, groups
             asts[kind(g)] = kernel_asts(p, x)
     # each geometry's generated kernel, compiled ahead by the pool while the earlier ones are checked and timed
-    generated = {g: with_opts(asts[kind(g)][0], g.opts(p, 1, groups)) for g in todo}
+    opts = {g: g.opts(p, 1, groups) for g in todo}
+    generated = {g: with_opts(asts[kind(g)][0], opts[g]) for g in todo}
     ready: dict = {}
     scratch: dict = {}      # each kernel's buffers of random bytes, made for its first geometry
     ahead = compiled_in_order([(generated[g], Device[Device.DEFAULT].renderer, None) for g in todo], pool)
@@ -210,7 +211,7 @@ def time_product(shape: Shape, count: int, scale_dtype: str, geometries: list[Ge
             p.geometry, p.thread_groups, p.memo = g, groups, None
             got = p.gemv(x, "kernel").numpy().ravel()
             row.relative_error = err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-            samples = time_alone(asts[kind(g)], g.opts(p, 1, groups), reps, rng, scratch) if err <= CHECK else \
+            samples = time_alone(asts[kind(g)], opts[g], reps, rng, scratch) if err <= CHECK else \
                 f"wrong product: relative error {err:.3g}"
             if isinstance(samples, list):     # the product's time: its kernels' summed run by run
                 row.samples_us = [sum(run) for run in zip(*samples)]
