@@ -31,9 +31,11 @@ def test_the_records_store_the_keys_the_literal_dicts_stored():
     assert KERNEL.timed("k1", "r_4", "local=4", 2.5) == {**OLD_KERNEL, "measured_us": 2.5, "kernel_name": "r_4"}
     assert KERNEL.timed("k1", "r_4", "local=4", "too many locals") == {**OLD_KERNEL, "refused": "too many locals",
                                                                        "kernel_name": "r_4"}
-    # The one key added since: processes, null for one process a side (an old entry, lacking it, reads as null).
-    assert TOKEN.as_json() == {**OLD_TOKEN, ScopeKey.PROCESSES: None}
-    assert FAMILY.of("splits=4") == {**OLD_FAMILY, ScopeKey.PROCESSES: None}
+    # The keys added since: processes and decisive, null for one process a side (an old entry, lacking them, reads
+    # as null).
+    added = {ScopeKey.PROCESSES: None, ScopeKey.DECISIVE: None}
+    assert TOKEN.as_json() == {**OLD_TOKEN, **added}
+    assert FAMILY.of("splits=4") == {**OLD_FAMILY, **added}
     assert reopen.unless(ScopeKey.ENGINE, ENGINE) == f"engine!={ENGINE}"
 
 

@@ -49,7 +49,7 @@ def profiles(monkeypatch):
 
 def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp_path, profiles, capsys):
     out, ledger = tmp_path / "tuned", tmp_path / "ledger.sqlite"
-    assert main(tune_args(tiny_model, out, ledger, "--processes", "2")) == 0
+    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0")) == 0
     first = json.loads((out / "tune.json").read_text())
     assert json.loads(capsys.readouterr().out) == first
     # The route of no family, profiled before the first family is chosen (it prices them) and handed on as that
@@ -109,7 +109,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.
     route_bytes = (out / "route.json").read_bytes()
     profiles.clear()
-    assert main(tune_args(tiny_model, out, ledger, "--processes", "2")) == 0
+    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0")) == 0
     again = json.loads((out / "tune.json").read_text())
     assert profiles == [] and again["profiles"] == 0
     assert (out / "route.json").read_bytes() == route_bytes
@@ -233,6 +233,8 @@ def test_a_family_the_route_cannot_take_is_skipped_with_its_reason(tiny_model, t
     (["--processes", "0"], "--processes >= 1"),
     (["--processes", "2", "--workers", "3"], "--workers from 1 to --processes"),
     (["--processes", "2", "--workers", "2"], "on CPU they would share the cores"),
+    (["--decisive", "-1"], "--decisive from 0 to 100"),
+    (["--decisive", "101"], "--decisive from 0 to 100"),
     (["--families", "repacked_layout,nope"], "unknown nope"),
     (["--target", "nope"], "unknown target 'nope'"),
     (["--reference"], "needs llama-cpp-python"),      # no binding here (the stand-in is not on the path)
@@ -325,7 +327,9 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
                                                                          monkeypatch):
     """--beam W: after the families, the route so far with tinygrad's BEAM at W for the kernels the families leave to
     it, judged like a setting and kept in the ledger; promoted, the route carries the kernels as that run compiled them
-    (a load searches nothing), else it stays as it was. A second tune reads the verdict and profiles nothing."""
+    (a load searches nothing), else it stays as it was. A second tune reads the verdict and profiles nothing.
+    Two processes a side, where no first pair settles a verdict (--decisive 100): the route of no family is profiled
+    in one process, and its second runs, on its own route, only once the first family's first pair is close."""
     import subprocess
     import sys
     from tests.test_route_choices import PROFILE
@@ -337,17 +341,22 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
         return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
     monkeypatch.setattr(choose, "profile_elsewhere", narrowed)
     out, ledger = tmp_path / "tuned", tmp_path / "ledger.sqlite"
-    args = tune_args(tiny_model, out, ledger, "--beam", "1")
+    args = tune_args(tiny_model, out, ledger, "--beam", "1", "--processes", "2", "--decisive", "100")
     args[args.index("--families") + 1] = "constants_once"
     assert main(args) == 0
     done = json.loads(capsys.readouterr().out)
     last = done["steps"][-1]
     assert last["family"] == tune.BEAM_STEP and last["setting"] == "width=1" and last["predicted_us"] is None
     assert last["verdict"] in VERDICTS and last["timed"] and last["before_us"] > 0 and last["after_us"] > 0
-    assert profiles[-1] == str(out / "traces" / "2_beam" / "beam_1.json")
+    traces, once = out / "traces", out / "traces" / "1_constants_once" / "constants_once_once"
+    assert profiles == [str(traces / "route.trace.json"), f"{once}.json", str(traces / "route.trace.p2.json"),
+                        f"{once}.p2.json", str(traces / "2_beam" / "beam_1.json"), str(traces / "2_beam" / "beam_1.p2.json")]
+    assert [s["sides"] for s in done["steps"]] == [[2, 2], [2, 2]] and done["decisive"] == 1.0
+    assert tracefile.load(profiles[2]).route == tracefile.load(profiles[0]).route     # the baseline's own route again
     with Ledger(ledger, create=False) as led:
         entry = led.entries()[-1]
     assert (entry.id, entry.candidate, entry.verdict) == (last["ledger_id"], "beam width=1", last["verdict"])
+    assert entry.scope["decisive"] == 1.0 and len(entry.evidence) == 4
     route = routes.load(str(out / "route.json"))
     before = done["steps"][-2]
     assert ("constants_once" in route.families) == before["promoted"]
@@ -418,3 +427,44 @@ def test_workers_never_share_a_gpu_and_start_nothing_after_a_failure(monkeypatch
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         with pytest.raises(BadInput, match=says):
             choose.gpus(3)
+
+
+def test_a_first_pair_past_the_decisive_change_settles_the_verdict(monkeypatch, tmp_path):
+    """With --decisive, a candidate's first process runs against the baseline's first: a change of at least that much
+    is judged on them, and nothing else runs; a closer one runs the baseline's other processes (with the baseline's
+    own flags) and the candidate's before its verdict. Off (0), every process runs."""
+    from tests.test_judge import SEARCH, baseline, make_trace, noisy
+    medians, profiled = {}, []
+
+    def fake(model, device, out, *flags, gpu=None):
+        name = out.rsplit("/", 1)[1]
+        profiled.append((name, flags[-1]))
+        trace = baseline if name.startswith("b") else make_trace
+        tracefile.save(trace(noisy(medians[name], seed=len(profiled))), out)
+    monkeypatch.setattr(choose, "profile_elsewhere", fake)
+
+    def verdict(candidate_us: float, decisive: float, folder: str):
+        (tmp_path / folder).mkdir()
+        b, c = str(tmp_path / folder / "b.json"), str(tmp_path / folder / "c.json")
+        medians.update({"b.json": 1000, "b.p2.json": 1010, "c.json": candidate_us, "c.p2.json": candidate_us})
+        tracefile.save(baseline(noisy(1000, seed=0)), b)      # the baseline's first process, profiled earlier
+        profiled.clear()
+        with Ledger(tmp_path / folder / "ledger.sqlite") as ledger:
+            j, before, after, ledger_id, sides = choose.profile_and_judge(
+                "m.gguf", "CPU", ledger, "fam x", {}, choose.Side(b, ("--route", "none")),
+                choose.Side(c, ("--route", "r.json")), 2, 1, decisive, SEARCH, None, "test", lambda: None, "fam x")
+            entry = ledger.entries()[-1]
+        assert entry.id == ledger_id and len(entry.evidence) == sum(sides)
+        return j.verdict, sides, list(profiled)
+    assert verdict(700, 0.1, "far") == ("promote", (1, 1), [("c.json", "r.json")])
+    assert verdict(950, 0.1, "close") == ("promote", (2, 2), [("c.json", "r.json"), ("b.p2.json", "none"),
+                                                              ("c.p2.json", "r.json")])
+    assert verdict(700, 0.0, "off") == ("promote", (2, 2), [("c.json", "r.json"), ("c.p2.json", "r.json"),
+                                                            ("b.p2.json", "none")])
+    # A verdict settled on its first processes answers only a run under the same rule, and one judged on every
+    # process (or an older ledger's) only a run without it.
+    from boltbeam.ledger.store import scope_matches
+    every, settled = (choose.TokenScope("s", "CPU", "e", 0, 4, 5, None, 2, d).as_json() for d in (0.0, 0.1))
+    old = {k: v for k, v in every.items() if k != "decisive"}
+    assert not scope_matches(settled, every) and not scope_matches(every, settled) and scope_matches(old, every)
+    assert not scope_matches(old, settled)

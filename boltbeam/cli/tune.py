@@ -14,6 +14,10 @@ from boltbeam.errors import BadInput
 OUTPUTS = ("route.json", "tune.json", "report.html")
 ALONE, SECONDS = 64, 20.0     # gemv's products timed alone: geometries and seconds a product (8 shapes on the 8B)
 PROCESSES = 2                 # a side's processes (judge_processes)
+# A verdict whose first processes (one a side, or a batch of --workers) moved the median token by at least this
+# fraction, every pair the same way, is judged on them (search/choose.py settled): ~3x the 3.6% one route's
+# processes measured apart on one H200 (bench/h200/pooled/), so the later processes could not turn it.
+DECISIVE = 0.10
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--processes", type=int, default=PROCESSES, metavar="P", help="processes a side for each verdict: "
                    "every pair of a baseline's and a candidate's processes must give it (one route's processes on one "
                    f"H200 measured 3.6%% apart; default {PROCESSES})")
+    p.add_argument("--decisive", type=float, default=100 * DECISIVE, metavar="PCT", help="a verdict whose first "
+                   "processes (one a side, or a batch of --workers) moved the median token by PCT%% or more, every pair "
+                   "the same way, is judged on them; the other processes of both sides run only for a closer change "
+                   f"(default {100 * DECISIVE:g}, about three times the spread between processes; 0: every process runs)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="run N of a side's processes at once, each on "
                    "a GPU of its own (the first N that CUDA_VISIBLE_DEVICES names, else GPUs 0 to N-1; --device CUDA): "
                    "two GPUs halve the wall of --processes 2 (default 1)")
@@ -78,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.search.tune import reference_of, tunable, tune
     if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
             or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0 or args.processes < 1
-            or not 1 <= args.workers <= args.processes):
+            or not 1 <= args.workers <= args.processes or not 0 <= args.decisive <= 100):
         raise BadInput("need --minutes above 0, --tokens >= 5 (the judge's minimum), --context >= 0, --budget >= 1, "
-                       "--alone >= 0, --seconds-per-kernel above 0, --beam >= 0, --processes >= 1 and --workers from 1 "
-                       "to --processes")
+                       "--alone >= 0, --seconds-per-kernel above 0, --beam >= 0, --processes >= 1, --workers from 1 "
+                       "to --processes and --decisive from 0 to 100")
     if args.workers > 1:
         if args.device != "CUDA":
             raise BadInput(f"--workers {args.workers} places a side's processes on GPUs of their own: on {args.device} "
@@ -111,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         with Ledger(args.ledger) as ledger:
             done, route = tune(model, census, args.device, target, args.context, args.tokens, ledger, sha, out,
                                families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
-                               args.alone or None, args.seconds_per_kernel, args.beam, args.processes, args.workers)
+                               args.alone or None, args.seconds_per_kernel, args.beam, args.processes, args.workers,
+                               args.decisive / 100)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})
@@ -123,15 +132,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(done, out) -> None:
+    from boltbeam.report.page import sides_text
     con = report.console()
     tok_s = lambda us: "" if us is None else f"{1e6 / us:,.1f}"
     predicted = lambda us: "" if us is None else f"{us:,.1f}"
     judged = [s for s in done.steps if s.verdict]
     con.print(report.table(f"{done.model} on {done.target}: each setting judged against the route so far (* joined it)",
-                           ["family", "setting", "predicted µs", "tok/s before", "tok/s with it", "verdict", "ledger"],
+                           ["family", "setting", "predicted µs", "tok/s before", "tok/s with it", "processes",
+                            "verdict", "ledger"],
                            [[s.family, s.setting + (" *" if s.promoted else ""), predicted(s.predicted_us),
-                             tok_s(s.before_us), tok_s(s.after_us), s.verdict,
-                             f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged], right=(2, 3, 4)))
+                             tok_s(s.before_us), tok_s(s.after_us), sides_text(s.sides),
+                             s.verdict, f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged],
+                           right=(2, 3, 4)))
     for u in done.not_judged():
         con.print(f"not judged: {u.family}, {u.settings} setting(s): {escape(u.why)}")
     for s in done.skipped:

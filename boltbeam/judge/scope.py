@@ -32,6 +32,7 @@ class ScopeKey:
     BEAM = "beam"
     TOKENS = "tokens"
     PROCESSES = "processes"            # processes a side a whole-token verdict was judged on (stored where above 1)
+    DECISIVE = "decisive"              # the first pair's change that settled such a verdict on it (search/choose.py)
     ON = "on"                          # the label of the route a whole-token setting went on
     ROUTE = "route"                    # what that route sets of each whole-token family
     REFERENCE = "reference"            # the reference engine's tokens the output was held to

@@ -213,6 +213,11 @@ def render_sweep(sweeps: list) -> str:
         sources=[(name, sw) for name, sw in sweeps])
 
 
+def sides_text(sides) -> str:
+    """A verdict's processes, the baseline's + the candidate's ("" where read from a ledger that kept no count)."""
+    return f"{sides[0]} + {sides[1]}" if sides else ""
+
+
 def render_tune(tuned) -> str:
     """A tune's page: tokens a second after each promoted step, then every setting judged and every family
     skipped. `tuned`: search.tune's Tune."""
@@ -223,7 +228,8 @@ def render_tune(tuned) -> str:
                   svg, [c[0] for c in cols], _table(rows, cols))
     steps = [[Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")), Cell(s.verdict),
               *(Cell(_num(1e6 / us if us else None, 1), True) for us in (s.before_us, s.after_us)),
-              Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))] for s in tuned.steps if s.verdict]
+              Cell(sides_text(s.sides)), Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))]
+             for s in tuned.steps if s.verdict]
     return _environment().get_template("tune.html.j2").render(
         title=f"{Path(tuned.model).name} on {tuned.target}", tuned=tuned, charts=[chart], steps=steps,
         unjudged=[(u.family, u.why, u.settings) for u in tuned.not_judged()], version=__version__)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from boltbeam import switches
 from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
-from boltbeam.judge.judge import Checks, judge_processes
+from boltbeam.judge.judge import Checks, judge, judge_processes
 from boltbeam.judge.scope import ScopeKey
 from boltbeam.ledger.reopen import unless
 from boltbeam.measure import trace as tracefile
@@ -65,6 +65,7 @@ class Candidate:
     trace: str | None = None       # its whole-token profile
     ledger_id: int | None = None   # the ledger entry of its verdict
     recalled: bool = False         # its verdict read from the ledger (recall), not timed again
+    sides: tuple[int, int] | None = None    # the processes its verdict was judged on: the baseline's, its own
 
     @property
     def flag(self) -> str:
@@ -91,11 +92,15 @@ class TokenScope:
     tokens: int
     route: dict[str, Any] | None
     processes: int = 1        # a side's processes (judge_processes); one is null, as a ledger older than the key reads
+    decisive: float = 0.0     # a first pair's change that settles a verdict (settled; 0: every process runs); null
+                              # where off or one process a side
 
     def as_json(self) -> dict[str, Any]:
+        several = self.processes > 1
         return {ScopeKey.DEVICE: self.device, ScopeKey.ENGINE: self.engine, ScopeKey.MODEL_SHA256: self.model_sha256,
                 ScopeKey.BEAM: self.beam, ScopeKey.CONTEXT: self.context, ScopeKey.TOKENS: self.tokens,
-                ScopeKey.ROUTE: self.route, ScopeKey.PROCESSES: self.processes if self.processes > 1 else None}
+                ScopeKey.ROUTE: self.route, ScopeKey.PROCESSES: self.processes if several else None,
+                ScopeKey.DECISIVE: self.decisive if several and self.decisive > 0 else None}
 
 
 @dataclass(frozen=True)
@@ -183,16 +188,49 @@ def baseline_of(path: str, sha: str, device: str, context: int, beam: int, on: R
     return base
 
 
+@dataclass(frozen=True)
+class Side:
+    """One side of a verdict: its first process's trace file (the others beside it, process_paths) and the flags of
+    `boltbeam profile` that make another of its processes."""
+    path: str
+    flags: tuple[str, ...]
+
+
+def profile_and_judge(model: str, device: str, ledger, candidate_id: str, key: dict[str, Any], baseline: Side,
+                      candidate: Side, processes: int, workers: int, decisive: float, expected_route: str,
+                      reference: Reference | None, actor: str, ran: Callable[[], None], what: str):
+    """The candidate profiled and judged against the baseline (whose first process has run): first a batch of the
+    candidate's processes (first_batch); where that settles the verdict (settled), it is judged on the processes
+    run, else the rest of both sides run first (the baseline's that have not). Returns judge_sides' answer and the
+    processes each side ran."""
+    batch = first_batch(processes, workers, decisive)
+    profile_side(model, device, candidate.path, processes, ran, what, *candidate.flags, workers=workers, last=batch)
+    checks = _checks(candidate_id, expected_route, reference)
+    if batch == processes or not settled(side(baseline.path, processes), side(candidate.path, processes), checks,
+                                         decisive):
+        profile_side(model, device, baseline.path, processes, ran, "the baseline", *baseline.flags, workers=workers,
+                     first=len(side(baseline.path, processes)))
+        profile_side(model, device, candidate.path, processes, ran, what, *candidate.flags, workers=workers,
+                     first=batch)
+    sides = (len(side(baseline.path, processes)), len(side(candidate.path, processes)))
+    return (*judge_sides(ledger, candidate_id, key, baseline.path, candidate.path, processes, expected_route,
+                         reference, actor), sides)
+
+
+def _checks(candidate_id: str, expected_route: str, reference: Reference | None) -> Checks:
+    return Checks(expected_route=expected_route, candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
+                  reference_tokens=reference.output_tokens if reference else None,
+                  reference_engine=reference.engine if reference else None)
+
+
 def judge_sides(ledger, candidate_id: str, key: dict[str, Any], baseline: str, candidate: str, processes: int,
                 expected_route: str, reference: Reference | None, actor: str):
     """One setting's verdict: every process of the baseline side (its first file `baseline`) against every process of
-    the candidate's (judge_processes), its output held to the reference's tokens where given, recorded in the ledger
-    with `key` and both sides' medians over their processes. Returns the judgement, those medians and the entry's id."""
+    the candidate's that ran (judge_processes), its output held to the reference's tokens where given, recorded in the
+    ledger with `key` and both sides' medians over their processes. Returns the judgement, those medians and the
+    entry's id."""
     bases, traces = side(baseline, processes), side(candidate, processes)
-    j = judge_processes(bases, traces, Checks(
-        expected_route=expected_route, candidate_id=candidate_id, reopen=unless(ScopeKey.ENGINE, engine()),
-        reference_tokens=reference.output_tokens if reference else None,
-        reference_engine=reference.engine if reference else None))
+    j = judge_processes(bases, traces, _checks(candidate_id, expected_route, reference))
     before, after = pooled_median(bases), pooled_median(traces)
     ledger_id = ledger.append(candidate=candidate_id, verdict=j.verdict, reasons=j.reasons, scope={
         **j.scope.as_json(), **key, ScopeKey.MEDIAN_US: after, ScopeKey.BASELINE_MEDIAN_US: before},
@@ -224,25 +262,44 @@ def pooled_median(traces: list[Trace]) -> float:
     return median(t for trace in traces for t in trace.token_wall_us)
 
 
+def route_flags(context: int, tokens: int, beam: int, on: tuple[str, Route] | None) -> list[str]:
+    """`boltbeam profile`'s flags for the whole token on the route `on` (path, route; None: tinygrad's own)."""
+    return ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", on[0] if on else "none"]
+
+
 def profile_route(model: str, device: str, path: str, sha: str, context: int, tokens: int, beam: int,
                   on: tuple[str, Route] | None, processes: int = 1,
-                  ran: Callable[[], None] = lambda: None, workers: int = 1) -> tuple[str, Any]:
+                  ran: Callable[[], None] = lambda: None, workers: int = 1, last: int | None = None) -> tuple[str, Any]:
     """The whole token on the route `on` (path, route; None: tinygrad's own) profiled into `path`, and in
-    `processes` - 1 more processes beside it (process_paths), each fresh, `workers` at once (profile_side); `ran` is
-    called after each: a baseline (path, trace of the first), as baseline_of reads it."""
-    path_on, route_on = on if on else ("none", None)
-    profile_side(model, device, path, processes, ran, "the baseline", "--context", str(context), "--tokens",
-                 str(tokens), "--beam", str(beam), "--route", path_on, workers=workers)
-    return path, baseline_of(path, sha, device, context, beam, route_on)
+    `processes` - 1 more processes beside it (process_paths; up to `last` of them, the rest left to
+    profile_and_judge), each fresh, `workers` at once (profile_side); `ran` is called after each: a baseline (path,
+    trace of the first), as baseline_of reads it."""
+    profile_side(model, device, path, processes, ran, "the baseline", *route_flags(context, tokens, beam, on),
+                 workers=workers, last=last)
+    return path, baseline_of(path, sha, device, context, beam, on[1] if on else None)
+
+
+def first_batch(processes: int, workers: int, decisive: float) -> int:
+    """How many of a side's processes run before its verdict may be settled (settled, at `decisive`): one batch of
+    `workers`, or all of them where the rule is off (0)."""
+    return min(workers, processes) if decisive > 0 else processes
+
+
+def settled(bases: list[Trace], traces: list[Trace], checks: Checks, decisive: float) -> bool:
+    """Whether every pair of the processes run so far gives one verdict, each moving the median token by at least
+    `decisive` (the same way, since they agree): no later process could turn it."""
+    pairs = [judge(b, c, checks) for b in bases for c in traces]
+    return len({j.verdict for j in pairs}) == 1 and all(
+        j.effect is not None and abs(j.effect.relative_change) >= decisive for j in pairs)
 
 
 def profile_side(model: str, device: str, path: str, processes: int, ran: Callable[[], None], what: str,
-                 *flags: str, workers: int = 1) -> None:
-    """`boltbeam profile` with `flags` into each of the side's files (process_paths), a fresh process each; with
-    `workers` above 1, one process at a time on each of that many GPUs (gpus: the i-th file on GPU i mod workers).
-    `ran` is called after each; a failure is refused in one line naming `what` was profiled, and no other process
-    starts after it."""
-    paths = process_paths(path, processes)
+                 *flags: str, workers: int = 1, first: int = 0, last: int | None = None) -> None:
+    """`boltbeam profile` with `flags` into each of the side's files (process_paths; those from `first` to `last`),
+    a fresh process each; with `workers` above 1, one process at a time on each of that many GPUs (gpus: the i-th
+    file on GPU i mod workers). `ran` is called after each; a failure is refused in one line naming `what` was
+    profiled, and no other process starts after it."""
+    paths = process_paths(path, processes)[first:last]
     if workers == 1:
         for each in paths:
             if failed := profile_elsewhere(model, device, each, *flags):
@@ -392,7 +449,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
            alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
            deadline: float | None = None, ran: Callable[[], None] = lambda: None,
-           reference: Reference | None = None, processes: int = 1, workers: int = 1) -> Choice:
+           reference: Reference | None = None, processes: int = 1, workers: int = 1, decisive: float = 0.0) -> Choice:
     """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
     (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
     against that route as it is (BEAM width `beam` on both
@@ -405,12 +462,13 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     (time.monotonic()); `ran` is called after each profile. With `reference`, a setting's output is held to the
     reference engine's tokens (the judge's reference gate), and the ledger's scope says so. Each side runs in
     `processes` processes (the baseline's other processes beside its file, process_paths) and the verdict is the
-    one every pair of processes gives (judge_processes); `workers` of a side's processes run at once (profile_side)."""
+    one every pair of processes gives (judge_processes); `workers` of a side's processes run at once (profile_side),
+    and with `decisive`, a first batch whose change is at least that settles the verdict (profile_and_judge)."""
     path_on, route_on = on if on else ("none", None)
     candidates, rejected = foreseen(family, census, context, target, on)
     current = route_on.families.get(family.key) if route_on else None
-    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on), processes),
-                        target.name, family.name, label_of(route_on, beam), reference)
+    scope = FamilyScope(TokenScope(sha, device, engine(), beam, context, tokens, route_settings(route_on), processes,
+                                   decisive), target.name, family.name, label_of(route_on, beam), reference)
     products = []
     if alone and (deadline is None or time.monotonic() < deadline):
         first = recalled_per_product(ledger, scope) if recall else None
@@ -418,14 +476,14 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             first, products = per_product(census, route_on, legal_space(family, target)[0], target,
                                           calibration(target.name), alone, seconds, say, earlier)
         candidates[:0] = [first] if first else []
-    flags = ["--context", str(context), "--tokens", str(tokens), "--beam", str(beam), "--route", path_on]
+    flags = route_flags(context, tokens, beam, on)
 
     def base() -> tuple[str, Any]:
         nonlocal baseline
         if baseline is None:
             say("the whole token without the family")
             baseline = profile_route(model, device, str(out / "baseline.json"), sha, context, tokens, beam, on,
-                                     processes, ran, workers)
+                                     processes, ran, workers, first_batch(processes, workers, decisive))
         return baseline
     if not recall:
         base()
@@ -459,12 +517,12 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         say(f"the whole token with {family.name} {c.flag}")
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
-        profile_side(model, device, str(path), processes, ran, f"{family.name} {c.flag}", *flags,
-                     *family.flags(c.setting), workers=workers)
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j, base_us, c.median_us, c.ledger_id = judge_sides(
-            ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us}, baseline_path, str(path), processes,
-            label_of(route_on, beam, labels(expected.families)), reference, "boltbeam search")
+        j, base_us, c.median_us, c.ledger_id, c.sides = profile_and_judge(
+            model, device, ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us},
+            Side(baseline_path, tuple(flags)), Side(str(path), (*flags, *family.flags(c.setting))), processes,
+            workers, decisive, label_of(route_on, beam, labels(expected.families)), reference, "boltbeam search", ran,
+            f"{family.name} {c.flag}")
         c.verdict, c.reasons = j.verdict, j.reasons
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None

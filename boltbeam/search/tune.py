@@ -47,9 +47,10 @@ from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
 from boltbeam.foresight.future import WRITERS, calibration
-from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, TokenScope,
-                                    baseline_of, check_on, choose, foreseen, judge_sides, label_of, legal_space,
-                                    profile_route, recalled, route_settings, with_setting)
+from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, Side,
+                                    TokenScope, baseline_of, check_on, choose, first_batch, foreseen, label_of,
+                                    legal_space, profile_and_judge, profile_route, recalled, route_flags,
+                                    route_settings, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -82,6 +83,7 @@ class Step:
     timed: bool                     # profiled in this run; else its verdict came from the ledger, or it was skipped
     skipped: str | None = None
     promoted: bool = False          # it joined the route
+    sides: tuple[int, int] | None = None    # the processes its verdict was judged on: the baseline's, its own
 
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
@@ -192,6 +194,7 @@ class Tune:
     minutes: float
     processes: int = 1                    # a side's processes for each verdict
     workers: int = 1                      # of those, how many ran at once, a GPU each
+    decisive: float = 0.0                 # a first batch's change that settled a verdict on it (choose.settled)
     checked_against: str = DEFAULT_ONLY   # what "output still correct" held each setting to
     reference: Reference | None = None     # the reference engine's greedy tokens, where one was given
     start_output: str | None = None        # tinygrad's own route's tokens against the reference's (where profiled)
@@ -247,7 +250,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
          families: list[Family], budget: int | None, minutes: float, say: Callable[[str], None] = lambda s: None,
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
          reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0,
-         beam: int = 0, processes: int = 1, workers: int = 1) -> tuple[Tune, Route]:
+         beam: int = 0, processes: int = 1, workers: int = 1, decisive: float = 0.0) -> tuple[Tune, Route]:
     """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
     within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
@@ -255,10 +258,12 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
     the ledger judged that already, its setting is read and nothing is timed). With `beam`, the last step: the route
     so far with tinygrad's BEAM at that width for the kernels its families leave to tinygrad (beam_step). Each side
-    of each verdict runs in `processes` processes, `workers` at once (choose)."""
+    of each verdict runs in `processes` processes, `workers` at once, all but a first batch only where its change is
+    under `decisive` (choose)."""
     started = time.monotonic()
     deadline = started + minutes * 60
-    record = Tune(model, sha, device, target.name, context, tokens, minutes, processes, workers, reference=reference,
+    record = Tune(model, sha, device, target.name, context, tokens, minutes, processes, workers, decisive,
+                  reference=reference,
                   checked_against=f"checked against {reference.engine}'s greedy tokens on the same prompt ids"
                   if reference else DEFAULT_ONLY)
     record.unmeasured = [w for w in WRITERS if w not in calibration(target.name).bandwidth_fraction]
@@ -288,11 +293,12 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             break
         if baseline is None and any(f.key not in of_route(on[1], on[0]) for f in ready):
             # the route's profile prices the families it does not set, and is the next family's baseline
-            baseline = ledger_profile(ledger, on, sha, device, context, tokens, processes)
+            baseline = ledger_profile(ledger, on, sha, device, context, tokens, processes, decisive)
             if baseline is None and time.monotonic() < deadline:
                 say("the whole token on the route so far")
                 baseline = profile_route(model, device, str(Path(on[0]).with_suffix(".trace.json")), sha, context,
-                                         tokens, BEAM, on, processes, counted, workers)
+                                         tokens, BEAM, on, processes, counted, workers,
+                                         first_batch(processes, workers, decisive))
         if reference and on[1] is start and record.start_output is None and baseline:
             # tinygrad's own route off the reference: no setting that keeps its tokens can be promoted
             record.start_output = reference_gate(baseline[1], reference.engine, reference.output_tokens,
@@ -306,7 +312,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
                         budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
                         reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds,
-                        processes=processes, workers=workers)
+                        processes=processes, workers=workers, decisive=decisive)
         record.start_us = record.start_us or choice.baseline_median_us
         record.alone += choice.alone
         unjudged = Counter()
@@ -317,7 +323,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
                 continue
             record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
                                      c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
-                                     c.skipped, c is choice.chosen))
+                                     c.skipped, c is choice.chosen, c.sides))
         record.unjudged += [Unjudged(family.name, why, n) for why, n in unjudged.items()]
         if choice.chosen is None:     # the route stays: so does its profile, where this family made one
             baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1])
@@ -329,7 +335,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     if beam:
         folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
-                                           beam, deadline, say, counted, reference, processes, workers)
+                                           beam, deadline, say, counted, reference, processes, workers, decisive)
         record.steps.append(step)
         record.start_us = record.start_us or step.before_us
         record.out_of_time |= step.skipped == OUT_OF_TIME
@@ -344,18 +350,18 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
 
 def beam_step(model: str, device: str, target: Target, context: int, tokens: int, ledger, sha: str, folder: Path,
               on: tuple[str, Route], baseline, width: int, deadline: float, say: Callable[[str], None],
-              ran: Callable[[], None], reference: Reference | None, processes: int = 1, workers: int = 1
-              ) -> tuple[Step, Route | None, Any]:
+              ran: Callable[[], None], reference: Reference | None, processes: int = 1, workers: int = 1,
+              decisive: float = 0.0) -> tuple[Step, Route | None, Any]:
     """The route so far with tinygrad's BEAM at `width` for every kernel its families leave to tinygrad (the
     norms' reductions, the residual adds, the rest), judged on the whole token against the route as it is, in
     `processes` processes a side, `workers` at once, as every family (the later ones take BEAM's choices from tinygrad's
-    cache).
+    cache; all but a first batch only where its change is under `decisive`).
     Promoted, the route carries the kernels as that run compiled them (judged_by), so a load rebuilds them without
     searching. A verdict the ledger holds in this scope is read, not timed again. Returns the step, the route it
     leaves (None: unchanged) and the baseline (profiled here where none was)."""
     route_on = on[1]
-    scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes),
-                        target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
+    scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes,
+                                   decisive), target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
     setting = f"width={width}"      # not a bare number: the ledger's should_skip matches settings across families
     candidate_id = f"{BEAM_STEP} {setting}"
     key = scope.of(setting)
@@ -373,16 +379,17 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
         if baseline is None:
             say("the whole token on the route so far")
             baseline = profile_route(model, device, str(folder / "baseline.json"), sha, context, tokens, BEAM, on,
-                                     processes, ran, workers)
+                                     processes, ran, workers, first_batch(processes, workers, decisive))
         candidate = dataclasses.replace(route_on, beam=width)
         routes.save(candidate, folder / "candidate.json")
         say(f"the whole token with BEAM {width} (tinygrad searches the kernels the families leave to it)")
         trace = str(folder / f"beam_{width}.json")
-        profile_route(model, device, trace, sha, context, tokens, width, (str(folder / "candidate.json"), candidate),
-                      processes, ran, workers)
-        j, before, after, ledger_id = judge_sides(ledger, candidate_id, key, baseline[0], trace, processes,
-                                                  label_of(route_on, width), reference, "boltbeam tune")
-        step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True)
+        flags = route_flags(context, tokens, width, (str(folder / "candidate.json"), candidate))
+        j, before, after, ledger_id, sides = profile_and_judge(
+            model, device, ledger, candidate_id, key, Side(baseline[0], tuple(route_flags(context, tokens, BEAM, on))),
+            Side(trace, tuple(flags)), processes, workers, decisive, label_of(route_on, width), reference,
+            "boltbeam tune", ran, f"BEAM {width}")
+        step = Step(BEAM_STEP, setting, None, before, after, j.verdict, j.reasons, ledger_id, True, sides=sides)
     if step.verdict != "promote":
         return step, None, baseline
     step.promoted = True
@@ -390,13 +397,14 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
 
 
 def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int,
-                   processes: int = 1):
+                   processes: int = 1, decisive: float = 0.0):
     """The profile of the route `on` (path, route) that the newest verdict the ledger holds on it (this model,
     device, engine, depth and tokens) was judged against, as a baseline, where the file stands as the ledger hashed
     it (else None)."""
     from boltbeam.files import sha256_file
     from boltbeam.ledger.store import scope_matches
-    key = TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(on[1]), processes).as_json()
+    key = TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(on[1]), processes,
+                     decisive).as_json()
     for e in reversed(ledger.entries()):
         if not e.evidence or not scope_matches(e.scope, key):
             continue
