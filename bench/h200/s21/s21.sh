@@ -11,6 +11,11 @@
 #     tune's route in a fresh process: both where the time is left.
 #   call A: MINUTES=11 bash bench/h200/s21/s21.sh start && bash bench/h200/s21/s21.sh wait 530   (carry .whl)
 #   call B...: bash bench/h200/s21/s21.sh wait S
+# Fallback, where the device time left cannot hold a tune (five refused starts cost ~900 s): s20's two cuts not yet
+# measured on a GPU, in one call of ~5 minutes: the layout's first process (its planes repacked a block at a time,
+# the 512-token prompt prefilled in one call) and s19's tuned route (the prompt stepped through its ~6 ms decode);
+# each trace's phases against s20's run_a and run_b.
+#   bash bench/h200/s21/s21.sh cuts                (carry .whl)
 set -u
 export RUN=/tmp/run PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD DEV=CUDA
 source bench/h200/models.sh none            # stage, profile; O=$RUN/out
@@ -36,6 +41,18 @@ case $1 in
      profile 8b.512.best /tmp/m.gguf --context 512 --route bench/h200/rotary/route.json)
     [ -e "$RUN/tune/route.json" ] && profile 8b.512.tuned /tmp/m.gguf --context 512 --route "$RUN/tune/route.json"
     kill %1; touch "$O/run.done" ;;
+  cuts)
+    export O=$OUT CACHEDB=/tmp/tinygrad_cache.db XDG_CACHE_HOME=/tmp/cuts_home
+    mkdir -p $RUN
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$O/nvidia-smi.csv"
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$O/gpu_seconds.csv" &
+    stage synth 300 python3 -m boltbeam synth /tmp/m.gguf --arch qwen3 --preset 8b --mix q4_k_m
+    profile layout.first /tmp/m.gguf --context 512 --layout float16:kernel
+    profile tuned.s19 /tmp/m.gguf --context 512 --route bench/h200/s19/run/tune/route.json
+    rm -f "$O"/*.json.gz
+    python3 bench/h200/phases.py $RUN "$O/phases.json"
+    kill %1 ;;
   wait)
     bash bench/h200/models.sh wait "$2" ;;
 esac
