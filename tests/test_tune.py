@@ -328,8 +328,9 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     """--beam W: after the families, the route so far with tinygrad's BEAM at W for the kernels the families leave to
     it, judged like a setting and kept in the ledger; promoted, the route carries the kernels as that run compiled them
     (a load searches nothing), else it stays as it was. A second tune reads the verdict and profiles nothing.
-    Two processes a side, where no first pair settles a verdict (--decisive 100): the route of no family is profiled
-    in one process, and its second runs, on its own route, only once the first family's first pair is close."""
+    Two processes a side, where no first pair settles a verdict (settled, tested above, held false): the route of no
+    family is profiled in one process, and its second runs, on its own route, only once the first family's first pair
+    is close."""
     import subprocess
     import sys
     from tests.test_route_choices import PROFILE
@@ -340,8 +341,9 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
                                "--json", *flags], capture_output=True, text=True)
         return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
     monkeypatch.setattr(choose, "profile_elsewhere", narrowed)
+    monkeypatch.setattr(choose, "settled", lambda *args: False)
     out, ledger = tmp_path / "tuned", tmp_path / "ledger.sqlite"
-    args = tune_args(tiny_model, out, ledger, "--beam", "1", "--processes", "2", "--decisive", "100")
+    args = tune_args(tiny_model, out, ledger, "--beam", "1", "--processes", "2")
     args[args.index("--families") + 1] = "constants_once"
     assert main(args) == 0
     done = json.loads(capsys.readouterr().out)
@@ -351,12 +353,12 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     traces, once = out / "traces", out / "traces" / "1_constants_once" / "constants_once_once"
     assert profiles == [str(traces / "route.trace.json"), f"{once}.json", str(traces / "route.trace.p2.json"),
                         f"{once}.p2.json", str(traces / "2_beam" / "beam_1.json"), str(traces / "2_beam" / "beam_1.p2.json")]
-    assert [s["sides"] for s in done["steps"]] == [[2, 2], [2, 2]] and done["decisive"] == 1.0
+    assert [s["sides"] for s in done["steps"]] == [[2, 2], [2, 2]] and done["decisive"] == 0.1
     assert tracefile.load(profiles[2]).route == tracefile.load(profiles[0]).route     # the baseline's own route again
     with Ledger(ledger, create=False) as led:
         entry = led.entries()[-1]
     assert (entry.id, entry.candidate, entry.verdict) == (last["ledger_id"], "beam width=1", last["verdict"])
-    assert entry.scope["decisive"] == 1.0 and len(entry.evidence) == 4
+    assert entry.scope["decisive"] == 0.1 and len(entry.evidence) == 4
     route = routes.load(str(out / "route.json"))
     before = done["steps"][-2]
     assert ("constants_once" in route.families) == before["promoted"]
@@ -370,6 +372,7 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
     again = json.loads(capsys.readouterr().out)
     assert profiles == [] and (out / "route.json").read_bytes() == route_bytes
     assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("width=1", last["verdict"], False)
+    assert [s["sides"] for s in again["steps"]] == [[2, 2], [2, 2]]       # read back from the ledger's evidence
 
 
 def test_workers_run_a_sides_processes_at_once_each_on_a_gpu_of_its_own(monkeypatch, tmp_path):
@@ -430,9 +433,11 @@ def test_workers_never_share_a_gpu_and_start_nothing_after_a_failure(monkeypatch
 
 
 def test_a_first_pair_past_the_decisive_change_settles_the_verdict(monkeypatch, tmp_path):
-    """With --decisive, a candidate's first process runs against the baseline's first: a change of at least that much
-    is judged on them, and nothing else runs; a closer one runs the baseline's other processes (with the baseline's
-    own flags) and the candidate's before its verdict. Off (0), every process runs."""
+    """With --decisive, a candidate's first process runs against the baseline's first: a change of at least that much,
+    or an inconclusive pair (more pairs could not make it promote), is judged on them, and nothing else runs; a closer
+    one runs the baseline's other processes (with the baseline's own flags) and the candidate's before its verdict.
+    Off (0), every process runs. A side made anew keeps no process file an earlier run left; the ledger's evidence
+    tells each side's processes, and the times are each side's median over them."""
     from tests.test_judge import SEARCH, baseline, make_trace, noisy
     medians, profiled = {}, []
 
@@ -444,7 +449,7 @@ def test_a_first_pair_past_the_decisive_change_settles_the_verdict(monkeypatch, 
     monkeypatch.setattr(choose, "profile_elsewhere", fake)
 
     def verdict(candidate_us: float, decisive: float, folder: str):
-        (tmp_path / folder).mkdir()
+        (tmp_path / folder).mkdir(exist_ok=True)
         b, c = str(tmp_path / folder / "b.json"), str(tmp_path / folder / "c.json")
         medians.update({"b.json": 1000, "b.p2.json": 1010, "c.json": candidate_us, "c.p2.json": candidate_us})
         tracefile.save(baseline(noisy(1000, seed=0)), b)      # the baseline's first process, profiled earlier
@@ -454,9 +459,14 @@ def test_a_first_pair_past_the_decisive_change_settles_the_verdict(monkeypatch, 
                 "m.gguf", "CPU", ledger, "fam x", {}, choose.Side(b, ("--route", "none")),
                 choose.Side(c, ("--route", "r.json")), 2, 1, decisive, SEARCH, None, "test", lambda: None, "fam x")
             entry = ledger.entries()[-1]
-        assert entry.id == ledger_id and len(entry.evidence) == sum(sides)
+        assert entry.id == ledger_id and len(entry.evidence) == sum(sides) and choose.sides_of(entry.evidence) == sides
+        assert before == choose.pooled_median(choose.side(b, 2)) and after == choose.pooled_median(choose.side(c, 2))
         return j.verdict, sides, list(profiled)
+    (tmp_path / "far").mkdir()
+    tracefile.save(make_trace(noisy(1000, seed=9)), str(tmp_path / "far" / "c.p2.json"))     # an earlier run's
     assert verdict(700, 0.1, "far") == ("promote", (1, 1), [("c.json", "r.json")])
+    assert not (tmp_path / "far" / "c.p2.json").exists()       # a side made anew keeps no earlier run's process
+    assert verdict(1000, 0.1, "level") == ("inconclusive", (1, 1), [("c.json", "r.json")])    # more could not promote
     assert verdict(950, 0.1, "close") == ("promote", (2, 2), [("c.json", "r.json"), ("b.p2.json", "none"),
                                                               ("c.p2.json", "r.json")])
     assert verdict(700, 0.0, "off") == ("promote", (2, 2), [("c.json", "r.json"), ("c.p2.json", "r.json"),
@@ -468,3 +478,18 @@ def test_a_first_pair_past_the_decisive_change_settles_the_verdict(monkeypatch, 
     old = {k: v for k, v in every.items() if k != "decisive"}
     assert not scope_matches(settled, every) and not scope_matches(every, settled) and scope_matches(old, every)
     assert not scope_matches(old, settled)
+
+
+def test_an_earlier_tunes_baseline_serves_only_with_every_process(monkeypatch, tmp_path):
+    """A baseline read from the ledger that lies outside this tune's folder, judged on fewer processes than asked,
+    is not used (its other processes would be profiled beside it, in the other folder); whole, or inside, it is."""
+    from tests.test_judge import baseline, noisy
+    monkeypatch.setattr(tune, "baseline_of", lambda path, *rest: "read")
+    out, other = tmp_path / "out", tmp_path / "other"
+    for folder in (out, other):
+        folder.mkdir()
+        tracefile.save(baseline(noisy(1000)), str(folder / "b.json"))
+    earlier = lambda folder: tune._earlier(str(folder / "b.json"), "s", "CPU", 4, None, out, 2)
+    assert earlier(other) is None and earlier(out) == (str(out / "b.json"), "read")
+    tracefile.save(baseline(noisy(1000)), str(other / "b.p2.json"))
+    assert earlier(other) == (str(other / "b.json"), "read")

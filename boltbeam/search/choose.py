@@ -31,6 +31,7 @@ from boltbeam.bound.targets import Target
 from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import Checks, judge, judge_processes
 from boltbeam.judge.scope import ScopeKey
+from boltbeam.judge.verdicts import INCONCLUSIVE
 from boltbeam.ledger.reopen import unless
 from boltbeam.measure import trace as tracefile
 from boltbeam.measure.trace import Trace
@@ -65,6 +66,7 @@ class Candidate:
     trace: str | None = None       # its whole-token profile
     ledger_id: int | None = None   # the ledger entry of its verdict
     recalled: bool = False         # its verdict read from the ledger (recall), not timed again
+    before_us: float | None = None          # the baseline's median token over the processes its verdict was judged on
     sides: tuple[int, int] | None = None    # the processes its verdict was judged on: the baseline's, its own
 
     @property
@@ -245,6 +247,15 @@ def evidence(baseline: str, candidate: str, processes: int) -> list[str]:
     return [bases[0], candidates[0], *(p for p in bases[1:] + candidates[1:] if Path(p).is_file())]
 
 
+def sides_of(evidence: list[dict[str, Any]]) -> tuple[int, int]:
+    """The processes a ledger entry's verdict was judged on, the baseline's and the candidate's, from its evidence
+    (evidence(): each side's first file, then the other processes' files, NAME.pN.json beside them)."""
+    base, cand = (Path(ev["path"]) for ev in evidence[:2])
+    later = [Path(ev["path"]).name for ev in evidence[2:]]
+    of = lambda first: 1 + sum(n.startswith(f"{first.stem}.p") and n.endswith(first.suffix) for n in later)
+    return of(base), of(cand)
+
+
 def process_paths(path: str, processes: int) -> list[str]:
     """The trace files of one side profiled in `processes` processes: `path`, then NAME.p2.json and on beside it."""
     p = Path(path)
@@ -286,10 +297,14 @@ def first_batch(processes: int, workers: int, decisive: float) -> int:
 
 
 def settled(bases: list[Trace], traces: list[Trace], checks: Checks, decisive: float) -> bool:
-    """Whether every pair of the processes run so far gives one verdict, each moving the median token by at least
-    `decisive` (the same way, since they agree): no later process could turn it."""
+    """Whether the processes run so far settle the verdict: every pair gives one verdict and either it is
+    inconclusive (no later pair could make the whole promote: judge_processes takes a disagreement as
+    inconclusive) or each pair moved the median token by at least `decisive`, the same way (about three times the
+    spread measured between one route's processes, so a later process is not expected to turn it; a baseline process
+    that far off its route's would)."""
     pairs = [judge(b, c, checks) for b in bases for c in traces]
-    return len({j.verdict for j in pairs}) == 1 and all(
+    verdicts = {j.verdict for j in pairs}
+    return verdicts == {INCONCLUSIVE} or len(verdicts) == 1 and all(
         j.effect is not None and abs(j.effect.relative_change) >= decisive for j in pairs)
 
 
@@ -300,6 +315,9 @@ def profile_side(model: str, device: str, path: str, processes: int, ran: Callab
     file on GPU i mod workers). `ran` is called after each; a failure is refused in one line naming `what` was
     profiled, and no other process starts after it."""
     paths = process_paths(path, processes)[first:last]
+    if first == 0:      # the side is made anew: files an earlier run left past these are not its processes
+        for stale in process_paths(path, processes)[len(paths):]:
+            Path(stale).unlink(missing_ok=True)
     if workers == 1:
         for each in paths:
             if failed := profile_elsewhere(model, device, each, *flags):
@@ -498,6 +516,8 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         if recall and (e := recalled(ledger, candidate_id, key)) is not None:
             c.verdict, c.reasons, c.median_us, c.ledger_id, c.recalled = (e.verdict, e.reasons,
                                                                           e.scope.get(ScopeKey.MEDIAN_US), e.id, True)
+            c.before_us = e.scope.get(ScopeKey.BASELINE_MEDIAN_US)
+            c.sides = sides_of(e.evidence) if len(e.evidence) >= 2 else None
             c.trace = next((ev["path"] for ev in e.evidence[1:]), None)
             base_us = base_us or e.scope.get(ScopeKey.BASELINE_MEDIAN_US)
             tried += 1
@@ -518,12 +538,12 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         path = out / f"{family.name}_{'per_product' if isinstance(c.setting, gemv.PerProduct) else c.flag.replace(':', '_')}.json"
         c.trace = str(path)
         expected = with_setting(family, route_on, c.setting, sha, device, target.name, beam)
-        j, base_us, c.median_us, c.ledger_id, c.sides = profile_and_judge(
+        j, c.before_us, c.median_us, c.ledger_id, c.sides = profile_and_judge(
             model, device, ledger, candidate_id, {**key, ScopeKey.PREDICTED_US: c.predicted_us},
             Side(baseline_path, tuple(flags)), Side(str(path), (*flags, *family.flags(c.setting))), processes,
             workers, decisive, label_of(route_on, beam, labels(expected.families)), reference, "boltbeam search", ran,
             f"{family.name} {c.flag}")
-        c.verdict, c.reasons = j.verdict, j.reasons
+        c.verdict, c.reasons, base_us = j.verdict, j.reasons, c.before_us
     promoted = [c for c in candidates if c.verdict == "promote"]
     chosen = min(promoted, key=lambda c: c.median_us) if promoted else None
     return Choice(family.name, base_us, candidates, chosen, dict(rejected), products)

@@ -50,7 +50,7 @@ from boltbeam.foresight.future import WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, Side,
                                     TokenScope, baseline_of, check_on, choose, first_batch, foreseen, label_of,
                                     legal_space, profile_and_judge, profile_route, recalled, route_flags,
-                                    route_settings, with_setting)
+                                    route_settings, side, sides_of, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -262,6 +262,8 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     under `decisive` (choose)."""
     started = time.monotonic()
     deadline = started + minutes * 60
+    if first_batch(processes, workers, decisive) == processes:
+        decisive = 0.0      # every process runs in the first batch: nothing is left to settle, nor to scope by it
     record = Tune(model, sha, device, target.name, context, tokens, minutes, processes, workers, decisive,
                   reference=reference,
                   checked_against=f"checked against {reference.engine}'s greedy tokens on the same prompt ids"
@@ -293,7 +295,7 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             break
         if baseline is None and any(f.key not in of_route(on[1], on[0]) for f in ready):
             # the route's profile prices the families it does not set, and is the next family's baseline
-            baseline = ledger_profile(ledger, on, sha, device, context, tokens, processes, decisive)
+            baseline = ledger_profile(ledger, on, sha, device, context, tokens, processes, decisive, out)
             if baseline is None and time.monotonic() < deadline:
                 say("the whole token on the route so far")
                 baseline = profile_route(model, device, str(Path(on[0]).with_suffix(".trace.json")), sha, context,
@@ -321,17 +323,18 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             if c.skipped and (c.skipped == OUT_OF_TIME or c.skipped.startswith(BEYOND_BUDGET)):
                 unjudged[c.skipped] += 1      # counted, not listed: gemv alone has thousands of legal geometries
                 continue
-            record.steps.append(Step(family.name, c.flag, c.predicted_us, choice.baseline_median_us, c.median_us,
+            record.steps.append(Step(family.name, c.flag, c.predicted_us, c.before_us or choice.baseline_median_us,
+                                     c.median_us,
                                      c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
                                      c.skipped, c is choice.chosen, c.sides))
         record.unjudged += [Unjudged(family.name, why, n) for why, n in unjudged.items()]
         if choice.chosen is None:     # the route stays: so does its profile, where this family made one
-            baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1])
+            baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1], out, processes)
             continue
         route = with_setting(family, on[1], choice.chosen.setting, sha, device, target.name, BEAM)
         routes.save(route, folder / "route.json")     # the route the next family's settings go on
         on = str(folder / "route.json"), route
-        baseline = _earlier(choice.chosen.trace, sha, device, context, route)
+        baseline = _earlier(choice.chosen.trace, sha, device, context, route, out, processes)
     if beam:
         folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
@@ -368,7 +371,7 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     trace = None
     if (e := recalled(ledger, candidate_id, key)) is not None:
         step = Step(BEAM_STEP, setting, None, e.scope.get(ScopeKey.BASELINE_MEDIAN_US), e.scope.get(ScopeKey.MEDIAN_US),
-                    e.verdict, e.reasons, e.id, False)
+                    e.verdict, e.reasons, e.id, False, sides=sides_of(e.evidence) if len(e.evidence) >= 2 else None)
         trace = next((ev["path"] for ev in e.evidence[1:]), None)
     elif (skip := ledger.should_skip(candidate_id, key))[0]:
         return Step(BEAM_STEP, setting, None, None, None, None, [], None, False, skip[1]), None, baseline
@@ -397,7 +400,7 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
 
 
 def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int,
-                   processes: int = 1, decisive: float = 0.0):
+                   processes: int = 1, decisive: float = 0.0, out: Path | None = None):
     """The profile of the route `on` (path, route) that the newest verdict the ledger holds on it (this model,
     device, engine, depth and tokens) was judged against, as a baseline, where the file stands as the ledger hashed
     it (else None)."""
@@ -410,15 +413,21 @@ def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context
             continue
         first = e.evidence[0]       # the baseline's first process; every file must stand as the ledger hashed it
         if all(Path(ev["path"]).is_file() and sha256_file(ev["path"]) == ev["sha256"] for ev in e.evidence) and \
-                (found := _earlier(first["path"], sha, device, context, on[1])):
+                (found := _earlier(first["path"], sha, device, context, on[1], out, processes)):
             return found
     return None
 
 
-def _earlier(path: str | None, sha: str, device: str, context: int, route: Route):
+def _earlier(path: str | None, sha: str, device: str, context: int, route: Route, out: Path | None = None,
+             processes: int = 1):
     """A profile of `route` (the promoted setting's, or the route's own) as the next family's baseline, where it
-    stands and ran that route (else None: the next family profiles the route itself if a setting runs)."""
+    stands and ran that route (else None: the next family profiles the route itself if a setting runs). One outside
+    `out` (an earlier tune's, read from the ledger) serves only with all its processes: a verdict settled on fewer
+    would have the rest profiled beside it, outside this tune's folder."""
     if not path or not Path(path).is_file():
+        return None
+    if out is not None and not Path(path).resolve().is_relative_to(Path(out).resolve()) and \
+            len(side(path, processes)) < processes:
         return None
     try:
         return path, baseline_of(path, sha, device, context, BEAM, route)
