@@ -211,10 +211,10 @@ def profile_and_judge(model: str, device: str, ledger, candidate_id: str, key: d
     if batch == processes or not settled(side(baseline.path, processes), side(candidate.path, processes), checks,
                                          decisive):
         profile_side(model, device, baseline.path, processes, ran, "the baseline", *baseline.flags, workers=workers,
-                     first=len(side(baseline.path, processes)))
+                     first=present(baseline.path, processes))
         profile_side(model, device, candidate.path, processes, ran, what, *candidate.flags, workers=workers,
                      first=batch)
-    sides = (len(side(baseline.path, processes)), len(side(candidate.path, processes)))
+    sides = (present(baseline.path, processes), present(candidate.path, processes))
     return (*judge_sides(ledger, candidate_id, key, baseline.path, candidate.path, processes, expected_route,
                          reference, actor), sides)
 
@@ -260,6 +260,11 @@ def process_paths(path: str, processes: int) -> list[str]:
     """The trace files of one side profiled in `processes` processes: `path`, then NAME.p2.json and on beside it."""
     p = Path(path)
     return [path, *(str(p.with_name(f"{p.stem}.p{i}{p.suffix}")) for i in range(2, processes + 1))]
+
+
+def present(path: str, processes: int) -> int:
+    """How many of a side's process files exist (side's count, without reading them)."""
+    return sum(Path(p).is_file() for p in process_paths(path, processes))
 
 
 def side(path: str, processes: int) -> list[Trace]:

@@ -50,7 +50,7 @@ from boltbeam.foresight.future import WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, Side,
                                     TokenScope, baseline_of, check_on, choose, first_batch, foreseen, label_of,
                                     legal_space, profile_and_judge, profile_route, recalled, route_flags,
-                                    route_settings, side, sides_of, with_setting)
+                                    route_settings, present, sides_of, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
@@ -427,7 +427,7 @@ def _earlier(path: str | None, sha: str, device: str, context: int, route: Route
     if not path or not Path(path).is_file():
         return None
     if out is not None and not Path(path).resolve().is_relative_to(Path(out).resolve()) and \
-            len(side(path, processes)) < processes:
+            present(path, processes) < processes:
         return None
     try:
         return path, baseline_of(path, sha, device, context, BEAM, route)
