@@ -14,9 +14,9 @@ from boltbeam.errors import BadInput
 OUTPUTS = ("route.json", "tune.json", "report.html")
 ALONE, SECONDS = 64, 20.0     # gemv's products timed alone: geometries and seconds a product (8 shapes on the 8B)
 PROCESSES = 2                 # a side's processes (judge_processes)
-# A verdict whose first processes (one a side, or a batch of --workers) moved the median token by at least this
-# fraction, every pair the same way, is judged on them (search/choose.py settled): ~3x the 3.6% one route's
-# processes measured apart on one H200 (bench/h200/pooled/), so the later processes could not turn it.
+# A verdict whose first processes (one a side, or a batch of --workers) are inconclusive, or moved the median token by
+# at least this fraction, every pair the same way, is judged on them (search/choose.py settled): ~3x the 3.6% one
+# route's processes measured apart on one H200 (bench/h200/pooled/), so a later process is not expected to turn it.
 DECISIVE = 0.10
 
 
@@ -55,9 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "every pair of a baseline's and a candidate's processes must give it (one route's processes on one "
                    f"H200 measured 3.6%% apart; default {PROCESSES})")
     p.add_argument("--decisive", type=float, default=100 * DECISIVE, metavar="PCT", help="a verdict whose first "
-                   "processes (one a side, or a batch of --workers) moved the median token by PCT%% or more, every pair "
-                   "the same way, is judged on them; the other processes of both sides run only for a closer change "
-                   f"(default {100 * DECISIVE:g}, about three times the spread between processes; 0: every process runs)")
+                   "processes (one a side, or a batch of --workers) are inconclusive, or moved the median token by PCT%% "
+                   "or more, every pair the same way, is judged on them; the other processes of both sides run only for "
+                   f"a closer change (default {100 * DECISIVE:g}, about three times the spread between processes; 0: "
+                   "every process runs; nothing to settle where --workers equals --processes)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="run N of a side's processes at once, each on "
                    "a GPU of its own (the first N that CUDA_VISIBLE_DEVICES names, else GPUs 0 to N-1; --device CUDA): "
                    "two GPUs halve the wall of --processes 2 (default 1)")
