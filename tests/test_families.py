@@ -292,6 +292,11 @@ def test_futuresight_orders_layout_settings_by_the_bytes_they_read(tiny_model):
     assert sight["float16:kernel"].memory_us * 0.3 == pytest.approx(sight["float16:expanded"].memory_us * 0.2)
     assert min(sight, key=lambda f: sight[f].us(h200)) == "float16:kernel:stacked"
     assert (sight["float16:kernel"].fraction, sight["float16:kernel"].terms) == (0.3, ("bandwidth", "measured generated_kernel"))
+    # A target with no measured cost of a kernel prices kernels at nothing: stacked and separate tie, and the
+    # search judges the one of fewer kernels first (though it changes one knob more from a route without a layout).
+    unpriced = dataclasses.replace(h200, facts={k: f for k, f in h200.facts.items() if k != PER_KERNEL_FACT})
+    ranked = [c.setting.flag for c in choose.foreseen(layout.FAMILY, census, 0, unpriced)[0]]
+    assert ranked[:2] == ["float16:kernel:stacked", "float16:kernel"]
     # A scale and an offset per group: float32 ones cost 4 bytes more a group than float16 ones.
     taken = [t for t in census.tensors if layout.values_of(t.format) and len(t.shape) == 2
              and t.role not in (None, "token_embd")]

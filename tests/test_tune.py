@@ -104,6 +104,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert first["checked_against"] == tune.DEFAULT_ONLY and first["reference"] is None and first["start_output"] is None
     assert first["unmeasured"] == ["tensor_code", "generated_kernel"]     # host-like has no futuresight.toml entry
     assert "measured no fraction of the bandwidth for products written as tensor_code, generated_kernel" in page
+    assert first["kernel_cost_s"] is None and "has no measured cost of a kernel" in page    # nor a kernel's cost
     assert str(escape(tune.DEFAULT_ONLY)) in page and "The order" in page and "the route's profile: " in page
 
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.

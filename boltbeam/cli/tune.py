@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(done, out) -> None:
+    from boltbeam.foresight.future import PER_KERNEL_FACT
     from boltbeam.report.page import sides_text
     con = report.console()
     tok_s = lambda us: "" if us is None else f"{1e6 / us:,.1f}"
@@ -161,6 +162,10 @@ def _print(done, out) -> None:
         con.print(f"FutureSight has measured no fraction of the bandwidth on {done.target} for products written as "
                   f"{', '.join(done.unmeasured)}: it predicts them at the full bandwidth, so their settings may tie and "
                   f"keep spaces.toml's order (`boltbeam search-calibrate --layout-trace` measures them)")
+    if done.kernel_cost_s is None:
+        con.print(f"FutureSight has no measured cost of a kernel on {done.target} ({PER_KERNEL_FACT}): it prices "
+                  f"kernels at nothing, and among equal predictions judges the setting of fewest kernels first "
+                  f"(`boltbeam measure-target --launch` on the target measures it)")
     if done.start_output:
         con.print(f"tinygrad's own route: {escape(done.start_output)}")
     con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "

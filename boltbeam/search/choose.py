@@ -460,10 +460,12 @@ def foreseen(family: Family, census, context: int, target: Target, on: tuple[str
         sight = family.foresee(census, s, context, target, cal, settings_on)
         candidates.append(Candidate(s, sight.bytes, sight.kernels, sight.us(target), sight.terms,
                                     sight.fraction))
-    # Equal predictions: the fewest knobs changed from the route's own setting first (the least FutureSight
+    # Equal predictions: the fewest kernels first (a kernel costs a token something, so fewer is never predicted
+    # slower; where the target has no measured cost of a kernel, the prediction prices kernels at nothing and
+    # only this sees them), then the fewest knobs changed from the route's own setting (the least FutureSight
     # has not seen), then the legal space's order.
     current = route_on.families.get(family.key) if route_on else None
-    candidates.sort(key=lambda c: (c.predicted_us, _knobs_changed(c.setting.stored(), current)))
+    candidates.sort(key=lambda c: (c.predicted_us, c.predicted_kernels, _knobs_changed(c.setting.stored(), current)))
     return candidates, rejected
 
 
