@@ -49,18 +49,25 @@ def profiles(monkeypatch):
 
 def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp_path, profiles, capsys):
     out, ledger = tmp_path / "tuned", tmp_path / "ledger.sqlite"
-    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0")) == 0
+    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0", "--budget", "2")) == 0
     first = json.loads((out / "tune.json").read_text())
     assert json.loads(capsys.readouterr().out) == first
     # The route of no family, profiled before the first family is chosen (it prices them) and handed on as that
-    # family's baseline, the layout's best predicted setting, constants once: each profiled in two processes; a
-    # family whose route did not change reads the route's profile it has, and a promoted setting's profile is the
-    # next family's baseline.
-    assert len(profiles) == first["profiles"] == 6
+    # family's baseline, the layout's best predicted setting, constants once (the first round), then the layout's
+    # next best on the route the first round left (the second: constants once has no other setting): each profiled
+    # in two processes; a family whose route did not change reads the route's profile it has, and a promoted
+    # setting's profile is the next one's baseline.
+    assert len(profiles) == first["profiles"] == 8
     assert profiles[:2] == [str(out / "traces" / "route.trace.json"), str(out / "traces" / "route.trace.p2.json")]
     assert not list(out.rglob("baseline*.json"))
     judged = [s for s in first["steps"] if s["verdict"]]
-    assert [s["family"] for s in judged] == [o["family"] for o in first["order"]] and all(s["timed"] for s in judged)
+    assert [(s["family"], s["round"]) for s in judged] == [(o["family"], 1) for o in first["order"]] + \
+        [("repacked_layout", 2)] and all(s["timed"] for s in judged)
+    census, target = take_census(tiny_model), get_target("host-like", [CPU_TARGETS])
+    layout_first = next(s["setting"] for s in judged if s["family"] == "repacked_layout")
+    assert judged[2]["setting"] == next(c.setting.flag for c in choose.foreseen(layout.FAMILY, census, 4, target)[0]
+                                        if c.setting.flag != layout_first)
+    assert judged[2]["before_us"] == ([s["after_us"] for s in judged[:2] if s["promoted"]] or [judged[0]["before_us"]])[-1]
     assert all(s["verdict"] in VERDICTS and s["after_us"] > 0 and s["before_us"] > 0 for s in judged)
     # Settings past the budget are counted, not listed (gemv alone has thousands).
     assert not any(s["skipped"] for s in first["steps"]) and first["unjudged"]
@@ -97,7 +104,6 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
         assert o["against_us"] == pytest.approx(sum(o["replaced_us"].values()))
         assert o["gain_us"] == pytest.approx(o["against_us"] - o["best_us"])
     start = (str(out / "traces" / "route.json"), routes.load(str(out / "traces" / "route.json")))
-    census, target = take_census(tiny_model), get_target("host-like", [CPU_TARGETS])
     on_start = [tune.outlook(BY_NAME[f], census, 4, target, start, tracefile.load(profiles[0])).gain_us
                 for f in FAMILIES.split(",")]
     assert first["order"][0]["gain_us"] == pytest.approx(max(on_start))
@@ -110,7 +116,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     # Again on the same ledger: every verdict read, no profile, the same route and the same steps.
     route_bytes = (out / "route.json").read_bytes()
     profiles.clear()
-    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0")) == 0
+    assert main(tune_args(tiny_model, out, ledger, "--processes", "2", "--decisive", "0", "--budget", "2")) == 0
     again = json.loads((out / "tune.json").read_text())
     assert profiles == [] and again["profiles"] == 0
     assert (out / "route.json").read_bytes() == route_bytes

@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=0, metavar="N", help="KV depth the decode token runs at")
     p.add_argument("--tokens", type=int, default=JUDGE_TOKENS, metavar="K",
                    help=f"whole tokens per side for the judge (default {JUDGE_TOKENS}, at least 5)")
-    p.add_argument("--budget", type=int, metavar="K", help="settings judged per family at most, FutureSight's best "
-                   "first (default: every legal one, as time allows)")
+    p.add_argument("--budget", type=int, metavar="K", help="settings judged per family at most, one a round: first "
+                   "each family's best predicted setting, then each one's next best on the route the round before "
+                   "left, and so on (default: rounds until --minutes or every legal setting is spent)")
     p.add_argument("--families", metavar="A,B,...", help="only these whole-token families, in tune's order of "
                    "predicted savings (default: every one)")
     p.add_argument("--alone", type=int, default=ALONE, metavar="K", help="gemv: first time each product alone at its K "
@@ -140,12 +141,12 @@ def _print(done, out) -> None:
     predicted = lambda us: "" if us is None else f"{us:,.1f}"
     judged = [s for s in done.steps if s.verdict]
     con.print(report.table(f"{done.model} on {done.target}: each setting judged against the route so far (* joined it)",
-                           ["family", "setting", "predicted µs", "tok/s before", "tok/s with it", "processes",
-                            "verdict", "ledger"],
-                           [[s.family, s.setting + (" *" if s.promoted else ""), predicted(s.predicted_us),
+                           ["round", "family", "setting", "predicted µs", "tok/s before", "tok/s with it",
+                            "processes", "verdict", "ledger"],
+                           [[str(s.round), s.family, s.setting + (" *" if s.promoted else ""), predicted(s.predicted_us),
                              tok_s(s.before_us), tok_s(s.after_us), sides_text(s.sides),
                              s.verdict, f"#{s.ledger_id}" + ("" if s.timed else " (read)")] for s in judged],
-                           right=(2, 3, 4)))
+                           right=(0, 3, 4, 5)))
     for u in done.not_judged():
         con.print(f"not judged: {u.family}, {u.settings} setting(s): {escape(u.why)}")
     for s in done.skipped:

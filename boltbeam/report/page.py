@@ -226,7 +226,8 @@ def render_tune(tuned) -> str:
     chart = Chart("journey", "The journey", "Each bar the median whole token of the route with every setting above "
                   "it, judged against the route before it (each in a process of its own).",
                   svg, [c[0] for c in cols], _table(rows, cols))
-    steps = [[Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")), Cell(s.verdict),
+    steps = [[Cell(str(s.round), True), Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")),
+              Cell(s.verdict),
               *(Cell(_num(1e6 / us if us else None, 1), True) for us in (s.before_us, s.after_us)),
               Cell(sides_text(s.sides)), Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))]
              for s in tuned.steps if s.verdict]

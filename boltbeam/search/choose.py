@@ -49,6 +49,8 @@ from boltbeam.foresight.space import families, on_target
 WHOLE_TOKEN = BY_NAME     # the families judged on the whole token: every generated one
 BEYOND_BUDGET = "beyond the budget"     # a setting not judged: past the --budget best predicted (the reason's start)
 OUT_OF_TIME = "out of time: the time budget was spent before it started"
+ROUTE_OWN = "the route's own setting: the baseline"
+EXCLUDED = "judged already, on an earlier route"     # choose's exclude: tune's later rounds
 
 
 @dataclass
@@ -399,6 +401,16 @@ def _knobs_changed(stored, current) -> int:
     return sum(stored.get(k, 0) != current.get(k, 0) for k in stored.keys() | current.keys())
 
 
+def _breaks(family: Family, on: tuple[str, Route] | None, setting) -> str | None:
+    """Why the route `on` (path, route) cannot take the family at `setting`: another family on it builds on what the
+    setting takes away (a layout not of the kernel form under gemv's geometries); None where nothing does."""
+    if on is None:
+        return None
+    chosen = {**of_route(on[1], on[0]), family.key: setting}
+    broken = [f for f in BY_NAME.values() if f.key in chosen and f.needs and not f.needs.holds(chosen)]
+    return f"the route's {broken[0].name} builds on {broken[0].needs.what}" if broken else None
+
+
 def _same_setting(stored, current) -> bool:
     """Whether a candidate (as a route stores it) is the route's own setting."""
     return current is not None and _knobs_changed(stored, current) == 0
@@ -474,8 +486,10 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
            baseline: tuple[str, Any] | None = None, on: tuple[str, Route] | None = None,
            alone: int | None = None, seconds: float = 30.0, earlier: dict | None = None, recall: bool = False,
            deadline: float | None = None, ran: Callable[[], None] = lambda: None,
-           reference: Reference | None = None, processes: int = 1, workers: int = 1, decisive: float = 0.0) -> Choice:
-    """Judge the family's `budget` best predicted settings on the whole token, added to the route `on`
+           reference: Reference | None = None, processes: int = 1, workers: int = 1, decisive: float = 0.0,
+           exclude: frozenset[str] = frozenset()) -> Choice:
+    """Judge the family's `budget` best predicted settings (of those whose flag is not in `exclude`: judged
+    already, on an earlier route) on the whole token, added to the route `on`
     (path, route, passed by check_on; replacing its own setting of the family, if any) or to tinygrad's own,
     against that route as it is (BEAM width `beam` on both
     sides; profiled here unless `baseline` is (path, trace) of it, from baseline_of); the fastest
@@ -517,7 +531,13 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
         if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(c.setting.stored(), current):
-            c.skipped = "the route's own setting: the baseline"
+            c.skipped = ROUTE_OWN
+            continue
+        if c.flag in exclude:
+            c.skipped = EXCLUDED
+            continue
+        if why := _breaks(family, on, c.setting):
+            c.skipped = why
             continue
         key = scope.of(c.flag)
         if recall and (e := recalled(ledger, candidate_id, key)) is not None:

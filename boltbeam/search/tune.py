@@ -1,9 +1,12 @@
 """The decide loop across the whole-token families: from tinygrad's own route to the fastest one the
 families reach, one family at a time (`boltbeam tune`).
 
-Each family in turn has its settings judged on the whole token against the route so far (search/choose.py:
-BubbleBeam's legal settings, FutureSight's best first, each in a fresh process, the judge's verdict in the
-ledger); the fastest promoted setting joins the route, and its profile is the next family's baseline.
+Each family in turn has its best predicted setting judged on the whole token against the route so far
+(search/choose.py: BubbleBeam's legal settings, FutureSight's best first, in fresh processes, the judge's verdict
+in the ledger); a promoted setting joins the route, and its profile is the next family's baseline. That is the
+first round; later rounds, while the budget (settings a family) and the time allow, give each family in the same
+order its best predicted setting not yet judged, on the route the round before left, so a short tune has judged
+every family's best before it spends time on any family's second.
 
 The order: of the families the route so far can take (what a family builds on is there: gemv and fusion need
 the layout's generated kernel), the one whose best legal setting is predicted to save the most against what the
@@ -47,13 +50,16 @@ from boltbeam.route.family import Family, Replaces
 from boltbeam.route.families import of_route
 from boltbeam.search.alone import Product
 from boltbeam.foresight.future import PER_KERNEL_FACT, WRITERS, calibration
-from boltbeam.search.choose import (BEYOND_BUDGET, OUT_OF_TIME, WHOLE_TOKEN, FamilyScope, Reference, Side,
+from boltbeam.search.choose import (BEYOND_BUDGET, EXCLUDED, OUT_OF_TIME, ROUTE_OWN, WHOLE_TOKEN, FamilyScope, Reference, Side,
                                     TokenScope, baseline_of, check_on, choose, first_batch, foreseen, label_of,
                                     legal_space, profile_and_judge, profile_route, recalled, route_flags,
                                     route_settings, present, sides_of, with_setting)
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
+# A BEAM step's search, in whole-token profiles of the route: on s22's H100 its first process took 102 s against
+# 33-40 s for the profiles before it (bench/h200/s22/run/tune/phases.json); tune keeps that much time for it.
+BEAM_SEARCH = 2
 DEFAULT_ONLY = "checked against tinygrad's default route only"
 
 
@@ -84,6 +90,8 @@ class Step:
     skipped: str | None = None
     promoted: bool = False          # it joined the route
     sides: tuple[int, int] | None = None    # the processes its verdict was judged on: the baseline's, its own
+    round: int = 1                  # tune's round: the first judges each family's best predicted setting, the second
+                                    # its next best not yet judged, on the route the first left, and so on
 
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
@@ -281,8 +289,47 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     def counted() -> None:
         record.profiles += 1
         ran()
+    unjudged: dict[str, Counter] = {}      # each family's settings its latest turn left unjudged, by reason
+    turns = 0
+
+    def turn(family: Family, deadline_now: float, round_no: int) -> int:
+        """The family's best predicted setting not yet judged in this tune, judged on the route so far; its steps
+        recorded, and the route and baseline it leaves. Returns the settings it judged (timed or read)."""
+        nonlocal on, baseline, turns
+        turns += 1
+        folder = out / "traces" / f"{turns}_{family.name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        earlier = frozenset(s.setting for s in record.steps if s.family == family.name)
+        choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
+                        budget=1, baseline=baseline, on=on, recall=True, deadline=deadline_now, ran=counted,
+                        reference=reference, alone=alone if family.name == gemv.FAMILY.name else None,
+                        seconds=seconds, processes=processes, workers=workers, decisive=decisive, exclude=earlier)
+        record.start_us = record.start_us or choice.baseline_median_us
+        record.alone += choice.alone
+        unjudged[family.name] = Counter()
+        steps = 0
+        for c in choice.candidates:
+            record.out_of_time |= c.skipped == OUT_OF_TIME
+            if c.skipped in (ROUTE_OWN, EXCLUDED):
+                continue
+            if c.skipped and (c.skipped == OUT_OF_TIME or c.skipped.startswith(BEYOND_BUDGET)):
+                unjudged[family.name][c.skipped] += 1      # counted, not listed: gemv alone has thousands of legal geometries
+                continue
+            record.steps.append(Step(family.name, c.flag, c.predicted_us, c.before_us or choice.baseline_median_us,
+                                     c.median_us, c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
+                                     c.skipped, c is choice.chosen, c.sides, round_no))
+            steps += bool(c.verdict)
+        if choice.chosen is None:     # the route stays: so does its profile, where this family made one
+            baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1], out, processes)
+            return steps
+        route = with_setting(family, on[1], choice.chosen.setting, sha, device, target.name, BEAM)
+        routes.save(route, folder / "route.json")     # the route the next family's settings go on
+        on = str(folder / "route.json"), route
+        baseline = _earlier(choice.chosen.trace, sha, device, context, route, out, processes)
+        return steps
+
     waiting = list(families)
-    while waiting:
+    while waiting:      # the first round: each family's best predicted setting, in the order of predicted savings
         left(processes * sum(planned(f, target, budget) for f in waiting))
         ready, why_not = [], {}
         for f in waiting:
@@ -312,36 +359,44 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         family = first_of(ready, {name: o.gain_us for name, o in outlooks.items()})
         waiting.remove(family)
         record.order.append(outlooks[family.name])
-        folder = out / "traces" / f"{len(record.order)}_{family.name}"
-        folder.mkdir(parents=True, exist_ok=True)
-        choice = choose(family, model, census, device, context, tokens, target, ledger, sha, folder, say, beam=BEAM,
-                        budget=budget, baseline=baseline, on=on, recall=True, deadline=deadline, ran=counted,
-                        reference=reference, alone=alone if family.name == gemv.FAMILY.name else None, seconds=seconds,
-                        processes=processes, workers=workers, decisive=decisive)
-        record.start_us = record.start_us or choice.baseline_median_us
-        record.alone += choice.alone
-        unjudged = Counter()
-        for c in choice.candidates:
-            record.out_of_time |= c.skipped == OUT_OF_TIME
-            if c.skipped and (c.skipped == OUT_OF_TIME or c.skipped.startswith(BEYOND_BUDGET)):
-                unjudged[c.skipped] += 1      # counted, not listed: gemv alone has thousands of legal geometries
+        turn(family, deadline, 1)
+    # Later rounds, while the budget (settings a family) and the time allow: each family of the first round again, in
+    # its order, its best predicted setting not yet judged, on the route so far. gemv's later turns are left out
+    # where its first judged a geometry for each product from their times alone (with `alone`): one geometry shared
+    # by every product is what those times already ranked. With BEAM asked for, no later round's setting starts
+    # where the time left would not hold BEAM's step: a side's processes and its search, priced at the mean seconds
+    # a profile has taken in this tune (BEAM_SEARCH profiles for the search).
+    round_no, out_of_rounds = 2, False
+    while budget is None or round_no <= budget:
+        reserve = (time.monotonic() - started) / max(1, record.profiles) * (processes + BEAM_SEARCH) if beam else 0.0
+        judged = 0
+        for o in record.order:
+            family = WHOLE_TOKEN[o.family]
+            if family.name == gemv.FAMILY.name and alone:
                 continue
-            record.steps.append(Step(family.name, c.flag, c.predicted_us, c.before_us or choice.baseline_median_us,
-                                     c.median_us,
-                                     c.verdict, c.reasons, c.ledger_id, bool(c.verdict) and not c.recalled,
-                                     c.skipped, c is choice.chosen, c.sides))
-        record.unjudged += [Unjudged(family.name, why, n) for why, n in unjudged.items()]
-        if choice.chosen is None:     # the route stays: so does its profile, where this family made one
-            baseline = baseline or _earlier(str(folder / "baseline.json"), sha, device, context, on[1], out, processes)
-            continue
-        route = with_setting(family, on[1], choice.chosen.setting, sha, device, target.name, BEAM)
-        routes.save(route, folder / "route.json")     # the route the next family's settings go on
-        on = str(folder / "route.json"), route
-        baseline = _earlier(choice.chosen.trace, sha, device, context, route, out, processes)
+            try:
+                check_on(family, *on, target)
+            except BadInput:
+                continue
+            if time.monotonic() >= deadline - reserve:
+                out_of_rounds = True
+                break
+            judged += turn(family, deadline - reserve, round_no)
+        if out_of_rounds or not judged:
+            break
+        round_no += 1
+    # What each family's latest turn left: past the budget, or out of time where the rounds stopped for it.
+    record.out_of_time |= out_of_rounds
+    beyond = OUT_OF_TIME if out_of_rounds else (
+        f"{BEYOND_BUDGET}: FutureSight kept the {budget} best predicted setting(s)" if budget else None)
+    for name, left_by in unjudged.items():
+        for why, n in left_by.items():
+            record.unjudged.append(Unjudged(name, beyond if beyond and why.startswith(BEYOND_BUDGET) else why, n))
     if beam:
-        folder = out / "traces" / f"{len(record.order) + 1}_{BEAM_STEP}"
+        folder = out / "traces" / f"{turns + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
                                            beam, deadline, say, counted, reference, processes, workers, decisive)
+        step.round = max((s.round for s in record.steps), default=1)     # on the route the last round left
         record.steps.append(step)
         record.start_us = record.start_us or step.before_us
         record.out_of_time |= step.skipped == OUT_OF_TIME
