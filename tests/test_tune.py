@@ -127,6 +127,62 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
         assert len(led.entries()) == len(entries)
 
 
+def test_rounds_on_a_route_that_did_not_change_are_read_back_in_their_own_rounds(tiny_model, tmp_path, monkeypatch):
+    """Nothing promoted, each round judges the family's next best on the same route, so the ledger holds every
+    verdict in one scope: a second tune reads each in the round it ran in, times nothing, and writes the same
+    steps. Without a budget the rounds go on until every legal setting is judged. (Profiles and verdicts faked:
+    what is tested is the order and the ledger.)"""
+    from types import SimpleNamespace
+    from boltbeam.judge.scope import ScopeKey
+    timed = []
+    monkeypatch.setattr(tune, "profile_route", lambda *a, **k: None)
+    monkeypatch.setattr(choose, "profile_route", lambda *a, **k: ("base.json", None))
+
+    def judged(model, device, ledger, candidate, key, *rest):
+        timed.append(candidate)
+        scope = {**key, ScopeKey.MEDIAN_US: 100.0, ScopeKey.BASELINE_MEDIAN_US: 90.0}
+        entry = ledger.append(candidate=candidate, verdict="inconclusive", reasons=["fake"], scope=scope, evidence=[],
+                              reopen=None, actor="test")
+        return SimpleNamespace(verdict="inconclusive", reasons=["fake"]), 90.0, 100.0, entry, (1, 1)
+    monkeypatch.setattr(choose, "profile_and_judge", judged)
+    census, target = take_census(tiny_model), get_target("host-like", [CPU_TARGETS])
+    ranked = [c.setting.flag for c in choose.foreseen(layout.FAMILY, census, 4, target)[0]]
+
+    def run(budget, ledger):
+        timed.clear()
+        (tmp_path / ledger).mkdir(exist_ok=True)
+        with Ledger(tmp_path / ledger / "l.sqlite") as led:
+            done, _ = tune.tune(tiny_model, census, "CPU", target, 4, 5, led, "sha", tmp_path / ledger, [layout.FAMILY],
+                                budget, 10.0)
+        return done, list(timed)
+    first, timed_first = run(2, "two")
+    assert [(s.setting, s.round) for s in first.steps] == [(ranked[0], 1), (ranked[1], 2)] and len(timed_first) == 2
+    assert [(u.why, u.settings) for u in first.unjudged] == \
+        [(f"{choose.BEYOND_BUDGET}: FutureSight kept the 2 best predicted setting(s)", len(ranked) - 2)]
+    again, timed_again = run(2, "two")
+    assert timed_again == [] and not any(s.timed for s in again.steps)
+    assert [(s.setting, s.round, s.ledger_id) for s in again.steps] == [(s.setting, s.round, s.ledger_id) for s in first.steps]
+    every, _ = run(None, "every")
+    assert [(s.setting, s.round) for s in every.steps] == [(f, r) for r, f in enumerate(ranked, 1)]
+    assert every.unjudged == [] and not every.out_of_time
+
+
+def test_a_later_rounds_setting_keeps_what_the_route_builds_on_and_the_time_beams_step_needs():
+    """A layout not of the kernel form is no setting for a route whose gemv geometry builds on the kernel form; the
+    time kept for BEAM's step is a side's processes and its search, each as long as the route's profile took (the
+    mean profile of the tune where that recorded no phases)."""
+    from types import SimpleNamespace
+    from boltbeam.measure.trace import Phases
+    from boltbeam.route import gemv
+    on = {"layout": layout.Setting("float16", "kernel"), "gemv": gemv.parse("32:4:2:16")}
+    assert choose._breaks(layout.FAMILY, on, layout.Setting("float16", "expanded")) == \
+        "the route's gemv builds on the layout's generated kernel"
+    assert choose._breaks(layout.FAMILY, on, layout.Setting("float32", "kernel", "stacked")) is None
+    profiled = ("b.json", SimpleNamespace(provenance=SimpleNamespace(phases=Phases(1, 2, 3, 4, 0, 5))))
+    assert tune.beam_reserve(profiled, 2, 600.0, 10) == 15 * (2 + tune.BEAM_SEARCH)
+    assert tune.beam_reserve(None, 2, 600.0, 10) == 60 * (2 + tune.BEAM_SEARCH)
+
+
 def test_tune_keeps_to_its_minutes(tiny_model, tmp_path, profiles, capsys):
     """Spent before the first setting: nothing starts, each setting says so, and the route of no family is written."""
     out = tmp_path / "late"

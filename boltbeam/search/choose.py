@@ -401,12 +401,11 @@ def _knobs_changed(stored, current) -> int:
     return sum(stored.get(k, 0) != current.get(k, 0) for k in stored.keys() | current.keys())
 
 
-def _breaks(family: Family, on: tuple[str, Route] | None, setting) -> str | None:
-    """Why the route `on` (path, route) cannot take the family at `setting`: another family on it builds on what the
-    setting takes away (a layout not of the kernel form under gemv's geometries); None where nothing does."""
-    if on is None:
-        return None
-    chosen = {**of_route(on[1], on[0]), family.key: setting}
+def _breaks(family: Family, settings_on: dict[str, Any], setting) -> str | None:
+    """Why a route of these settings (by family key) cannot take the family at `setting`: another family on it
+    builds on what the setting takes away (a layout not of the kernel form under gemv's geometries); None where
+    nothing does."""
+    chosen = {**settings_on, family.key: setting}
     broken = [f for f in BY_NAME.values() if f.key in chosen and f.needs and not f.needs.holds(chosen)]
     return f"the route's {broken[0].name} builds on {broken[0].needs.what}" if broken else None
 
@@ -527,7 +526,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
     if not recall:
         base()
     base_us = pooled_median(side(baseline[0], processes)) if baseline else None
-    tried = 0
+    tried, settings_on = 0, of_route(route_on, path_on) if route_on else {}
     for c in candidates:
         candidate_id = f"{family.name} {c.flag}"
         if current and not isinstance(c.setting, gemv.PerProduct) and _same_setting(c.setting.stored(), current):
@@ -536,8 +535,14 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
         if c.flag in exclude:
             c.skipped = EXCLUDED
             continue
-        if why := _breaks(family, on, c.setting):
+        if why := _breaks(family, settings_on, c.setting):
             c.skipped = why
+            continue
+        beyond = f"{BEYOND_BUDGET}: FutureSight kept the {budget} best predicted setting(s)"
+        if recall and budget is not None and tried >= budget:
+            # Recalling, past the budget before the ledger is read: what it holds on this route beyond the budget
+            # (a later round's verdict, in tune, where the route did not change between) is that round's.
+            c.skipped = beyond
             continue
         key = scope.of(c.flag)
         if recall and (e := recalled(ledger, candidate_id, key)) is not None:
@@ -554,7 +559,7 @@ def choose(family: Family, model: str, census, device: str, context: int, tokens
             c.skipped = why
             continue
         if budget is not None and tried >= budget:
-            c.skipped = f"{BEYOND_BUDGET}: FutureSight kept the {budget} best predicted setting(s)"
+            c.skipped = beyond
             continue
         if deadline is not None and time.monotonic() >= deadline:
             c.skipped = OUT_OF_TIME

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any, Callable
@@ -261,8 +261,10 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
          ran: Callable[[], None] = lambda: None, left: Callable[[int], None] = lambda n: None,
          reference: Reference | None = None, alone: int | None = None, seconds: float = 20.0,
          beam: int = 0, processes: int = 1, workers: int = 1, decisive: float = 0.0) -> tuple[Tune, Route]:
-    """Each family judged against the route so far, in the order of the savings predicted (the module's docstring),
-    within `minutes`; the route every promoted setting composed (of no family where none was). Traces and each step's
+    """Each family's best predicted setting judged against the route so far, in the order of the savings predicted
+    (the module's docstring), then in later rounds each one's next best, at most `budget` a family (None: until
+    the time or the settings are spent), within `minutes`; the route every promoted setting composed (of no family
+    where none was). Traces and each step's
     route go under `out/traces`; `left` hears the profiles still planned after each family. With `reference`,
     each setting's output is held to its tokens. With `alone`, gemv first times each product alone at its `alone`
     best predicted geometries (`seconds` a product) and judges the fastest geometry for each product first (where
@@ -361,18 +363,17 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         record.order.append(outlooks[family.name])
         turn(family, deadline, 1)
     # Later rounds, while the budget (settings a family) and the time allow: each family of the first round again, in
-    # its order, its best predicted setting not yet judged, on the route so far. gemv's later turns are left out
-    # where its first judged a geometry for each product from their times alone (with `alone`): one geometry shared
-    # by every product is what those times already ranked. With BEAM asked for, no later round's setting starts
-    # where the time left would not hold BEAM's step: a side's processes and its search, priced at the mean seconds
-    # a profile has taken in this tune (BEAM_SEARCH profiles for the search).
+    # its order, its best predicted setting not yet judged, on the route so far; a family whose last turn left nothing
+    # unjudged is done. gemv's later turns are left out where its first judged a geometry for each product from their
+    # times alone (with `alone`): one geometry shared by every product is what those times already ranked. With BEAM
+    # asked for, no later round's setting starts where the time left would not hold BEAM's step (beam_reserve).
     round_no, out_of_rounds = 2, False
     while budget is None or round_no <= budget:
-        reserve = (time.monotonic() - started) / max(1, record.profiles) * (processes + BEAM_SEARCH) if beam else 0.0
+        reserve = beam_reserve(baseline, processes, time.monotonic() - started, record.profiles) if beam else 0.0
         judged = 0
         for o in record.order:
             family = WHOLE_TOKEN[o.family]
-            if family.name == gemv.FAMILY.name and alone:
+            if not sum(unjudged.get(family.name, Counter()).values()) or (family.name == gemv.FAMILY.name and alone):
                 continue
             try:
                 check_on(family, *on, target)
@@ -385,13 +386,17 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         if out_of_rounds or not judged:
             break
         round_no += 1
-    # What each family's latest turn left: past the budget, or out of time where the rounds stopped for it.
+    # What each family's last turn left: out of time where the rounds stopped for it before the family's budget was
+    # spent, else past the budget (the settings it judged, FutureSight's best).
     record.out_of_time |= out_of_rounds
-    beyond = OUT_OF_TIME if out_of_rounds else (
-        f"{BEYOND_BUDGET}: FutureSight kept the {budget} best predicted setting(s)" if budget else None)
     for name, left_by in unjudged.items():
+        judged_here = sum(1 for s in record.steps if s.family == name and s.verdict)
+        spent = (budget is not None and judged_here >= budget) or (name == gemv.FAMILY.name and alone)
         for why, n in left_by.items():
-            record.unjudged.append(Unjudged(name, beyond if beyond and why.startswith(BEYOND_BUDGET) else why, n))
+            if why.startswith(BEYOND_BUDGET):
+                why = OUT_OF_TIME if out_of_rounds and not spent else \
+                    f"{BEYOND_BUDGET}: FutureSight kept the {judged_here} best predicted setting(s)"
+            record.unjudged.append(Unjudged(name, why, n))
     if beam:
         folder = out / "traces" / f"{turns + 1}_{BEAM_STEP}"
         step, beamed, baseline = beam_step(model, device, target, context, tokens, ledger, sha, folder, on, baseline,
@@ -407,6 +412,15 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     record.final_us = record.promoted[-1].after_us if record.promoted else record.start_us
     record.seconds = round(time.monotonic() - started, 1)
     return record, on[1]
+
+
+def beam_reserve(baseline, processes: int, elapsed_s: float, profiles: int) -> float:
+    """The seconds BEAM's step is expected to take on the route so far: a side's processes and the search's
+    BEAM_SEARCH more, each as long as the route's own profile took (its phases; where it recorded none, the mean
+    seconds a profile has taken in the tune so far, everything between them included)."""
+    phases = baseline[1].provenance.phases if baseline and baseline[1] is not None else None
+    each = sum(astuple(phases)) if phases else elapsed_s / max(1, profiles)
+    return each * (processes + BEAM_SEARCH)
 
 
 def beam_step(model: str, device: str, target: Target, context: int, tokens: int, ledger, sha: str, folder: Path,
