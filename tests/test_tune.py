@@ -95,6 +95,12 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert first["start_us"] == judged[0]["before_us"] and first["final_us"] == (last or [first["start_us"]])[-1]
     page = (out / "report.html").read_text()
     assert "The journey" in page and "<svg" in page and "tinygrad&#39;s own route" in page
+    # The route written, accounted from its profile (the last promoted setting's, its first process) on the target.
+    last_trace = next(s for s in reversed(judged) if s["promoted"])
+    assert first["final_trace"].endswith(f"/{last_trace['family']}_{last_trace['setting'].replace(':', '_')}.json")
+    acc = first["final_account"]
+    assert acc["wall_us"] == pytest.approx(median(tracefile.load(first["final_trace"]).token_wall_us), rel=0.5)
+    assert "The route written, accounted on host-like" in page and first["no_account"] is None
     # No family is on tinygrad's route: each is priced from the profile of the route it went on, the first going
     # first for the largest saving on the route of no family; the output held to tinygrad's default route alone.
     assert sorted(o["family"] for o in first["order"]) == sorted(FAMILIES.split(","))
@@ -123,6 +129,7 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
     assert [(s["setting"], s["verdict"], s["ledger_id"], s["after_us"], s["promoted"]) for s in again["steps"]] == \
         [(s["setting"], s["verdict"], s["ledger_id"], s["after_us"], s["promoted"]) for s in first["steps"]]
     assert not any(s["timed"] for s in again["steps"]) and again["order"] == first["order"]
+    assert again["final_trace"] == first["final_trace"] and again["final_account"] == first["final_account"]
     with Ledger(ledger, create=False) as led:
         assert len(led.entries()) == len(entries)
 
@@ -197,7 +204,8 @@ def test_with_reference_a_setting_off_llama_cpps_tokens_is_not_promoted(tiny_mod
                                                                          capsys):
     """--reference: llama.cpp's greedy tokens (the stand-in binding's, always 3) decoded once on the same prompt ids;
     the layout's setting, which keeps the tiny model's own tokens, is refuted on them and the route stays tinygrad's
-    own; tune.json, the ledger, the page and the output say what the output was held to."""
+    own; tune.json, the ledger, the page and the output say what the output was held to. The route written
+    (tinygrad's own here) is accounted from its profile."""
     with_fakes(monkeypatch)
     out, ledger = tmp_path / "held", tmp_path / "ledger.sqlite"
     args = tune_args(tiny_model, out, ledger, "--reference")
@@ -215,6 +223,27 @@ def test_with_reference_a_setting_off_llama_cpps_tokens_is_not_promoted(tiny_mod
     with Ledger(ledger, create=False) as led:
         assert led.entries()[0].scope["reference"] == reference
     assert reference["engine"] in (out / "report.html").read_text()
+    assert done["final_trace"] == profiles[0] and done["final_account"]["wall_us"] > 0 and done["beside"] is None
+
+
+def test_compare_puts_llama_cpps_token_beside_the_journey(tiny_model, tmp_path, monkeypatch, capsys):
+    """--compare llama.cpp: the binding's token at the tune's depth and tokens, profiled in a process of its own (a
+    CUDA device: llama.cpp's kernels are timed through CUPTI, the stand-ins' here), its median plain token drawn
+    beside the journey; on a CPU, one line before anything is written."""
+    from boltbeam.report.page import render_tune
+    with_fakes(monkeypatch)
+    one_line(capsys, 2, main(tune_args(tiny_model, tmp_path / "cpu", tmp_path / "l.sqlite", "--compare", "llama.cpp")))
+    assert not (tmp_path / "cpu").exists() and not (tmp_path / "l.sqlite").exists()
+    beside = tune.beside("llama.cpp", tiny_model, "CUDA", 4, 5, tmp_path)
+    trace = tracefile.load(beside.trace)
+    assert beside.why is None and trace.route.label.startswith("llama.cpp") and trace.workload.context == 4
+    assert beside.median_us == median(trace.token_wall_us) and len(trace.token_wall_us) == 5
+    done = tune.Tune(tiny_model, "sha", "CUDA", "h200", 4, 5, 1.0, start_us=4 * beside.median_us,
+                     final_us=beside.median_us / 2, beside=beside)
+    page = render_tune(done)
+    assert "llama.cpp, beside" in page and f"{beside.median_us:,.1f} µs a token" in page and "2.00x as fast" in page
+    monkeypatch.setenv("FAKE_LLAMA_LOAD", "fail")        # a file llama.cpp cannot load: said, not raised
+    assert "llama.cpp cannot load" in tune.beside("llama.cpp", tiny_model, "CUDA", 4, 5, tmp_path / "bad").why
 
 
 def test_the_order_runs_first_the_family_predicted_to_save_most(tiny_model):

@@ -3,6 +3,7 @@ time budget; the route, the record of every step and the journey's page."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 
 from rich.markup import escape
@@ -69,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", action="store_true", help="hold each setting's output to llama.cpp's greedy tokens on "
                    "the same prompt ids (its Python binding, llama-cpp-python; decoded once, nothing timed), not only "
                    "to tinygrad's default route's: a setting whose tokens differ is not promoted")
+    p.add_argument("--compare", choices=["llama.cpp"], help="after the tune, profile this engine's token at the same "
+                   "depth and tokens in a process of its own (llama-cpp-python) and draw it beside the journey")
     p.add_argument("--json", action="store_true", help="print tune.json")
     p.set_defaults(func=run, out_files=lambda a: list(OUTPUTS))
 
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from boltbeam.read.census import take_census
     from boltbeam.report.page import render_tune
     from boltbeam.search.choose import gpus
-    from boltbeam.search.tune import reference_of, tunable, tune
+    from boltbeam.search.tune import beside, reference_of, tunable, tune
     if (not args.minutes > 0 or args.tokens < 5 or args.context < 0 or (args.budget is not None and args.budget < 1)
             or args.alone < 0 or not args.seconds_per_kernel > 0 or args.beam < 0 or args.processes < 1
             or not 1 <= args.workers <= args.processes or not 0 <= args.decisive <= 100):
@@ -100,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
+    if args.compare and args.device != "CUDA":
+        raise BadInput(f"--compare {args.compare} times llama.cpp's kernels through CUPTI: it needs --device CUDA")
+    if args.compare and importlib.util.find_spec("llama_cpp") is None:
+        raise BadInput(f"--compare {args.compare} profiles llama.cpp's token: it needs llama-cpp-python (pip install "
+                       "llama-cpp-python)")
     families = tunable(args.families.split(",") if args.families else None)
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
@@ -123,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
                                families, args.budget, args.minutes, say, lambda: bar.advance(task), left, reference,
                                args.alone or None, args.seconds_per_kernel, args.beam, args.processes, args.workers,
                                args.decisive / 100)
+        if args.compare:
+            bar.update(task, description=f"{args.compare}'s token at the same depth")
+            done.beside = beside(args.compare, model, args.device, args.context, args.tokens, out)
     record = done.to_dict()
     write_all({out / "route.json": json_text(route.to_dict()), out / "tune.json": json_text(record),
                out / "report.html": render_tune(done)})
@@ -169,6 +180,17 @@ def _print(done, out) -> None:
                   f"(`boltbeam measure-target --launch` on the target measures it)")
     if done.start_output:
         con.print(f"tinygrad's own route: {escape(done.start_output)}")
+    if done.final_account:
+        acc = done.final_account
+        con.print(f"the route written, accounted on {done.target}: {'closes' if acc.closed else 'does not close'}, "
+                  f"residual {acc.residual_us:+,.2f} µs of {acc.wall_us:,.2f}")
+    elif done.no_account:
+        con.print(f"the route written has no account: {escape(done.no_account)}")
+    if done.beside:
+        b = done.beside
+        con.print(f"{b.engine} beside, at the same depth: " + (escape(f"not measured: {b.why}") if b.median_us is None
+                  else f"{b.median_us:,.1f} µs a token ({1e6 / b.median_us:,.1f} tok/s)" + (
+                      f"; the route's is {b.median_us / done.final_us:.2f}x as fast" if done.final_us else "")))
     con.print(f"tok/s: {tok_s(done.start_us) or 'not measured'} -> {tok_s(done.final_us) or 'not measured'} "
               f"({len(done.promoted)} setting(s) promoted); {done.profiles} whole token(s) profiled now, "
               f"{sum(not s.timed for s in judged)} verdict(s) read from the ledger, in {done.seconds:,.0f} s")

@@ -271,10 +271,14 @@ def journey(tuned) -> tuple[str, Rows]:
     """Tokens a second of the route after each promoted step of a tune (search.tune's Tune), from tinygrad's own."""
     rows: Rows = [{"step": "tinygrad's own route", "tok_s": 1e6 / tuned.start_us if tuned.start_us else None}]
     rows += [{"step": f"+ {s.family} {s.setting}", "tok_s": 1e6 / s.after_us} for s in tuned.promoted]
+    beside = tuned.beside and tuned.beside.median_us
+    if beside:      # --compare: the other engine at the same depth, drawn apart
+        rows.append({"step": f"{tuned.beside.engine}, beside", "tok_s": 1e6 / beside})
     fig = Figure(figsize=(7.5, 0.9 + 0.35 * len(rows)))
     ax = fig.subplots()
     y = list(range(len(rows)))
-    ax.barh(y, [r["tok_s"] or 0 for r in rows], color=PALETTE[0], height=0.6)
+    ax.barh(y, [r["tok_s"] or 0 for r in rows], height=0.6,
+            color=[PALETTE[1] if beside and i == len(rows) - 1 else PALETTE[0] for i in range(len(rows))])
     ax.set_yticks(y, [r["step"] for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median whole token)")

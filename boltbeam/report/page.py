@@ -89,6 +89,14 @@ def _tieout_caption(rows: list[dict[str, Any]]) -> str:
     return " ".join(said)
 
 
+def _tieout_chart(acc, title: str) -> Chart:
+    """An account's waterfall and its lines (account.tieout's Account)."""
+    svg, rows = charts.waterfall(acc)
+    cols = [("line", "line", None), ("µs", "us", _num), ("of wall", "of_wall", _pct), ("cause", "cause", None)]
+    return Chart("tieout", title, _tieout_caption(rows), svg, [c[0] for c in cols], _table(rows, cols),
+                 notes=list(acc.notes))
+
+
 def _regions_note(audit: Audit) -> list[str]:
     """The comparisons group kernels by region: which of the tie-out's lines each region gathers."""
     if not audit.account:
@@ -114,10 +122,7 @@ def _charts(audit: Audit) -> list[Chart]:
                      "Each weight role and the KV cache (measured by the attention kernels); a role with no "
                      "kernel of its own has no filled point.", svg, [c[0] for c in cols], _table(rows, cols)))
     if audit.account:
-        svg, rows = charts.waterfall(audit.account)
-        cols = [("line", "line", None), ("µs", "us", _num), ("of wall", "of_wall", _pct), ("cause", "cause", None)]
-        out.append(Chart("tieout", "Where the token goes: the tie-out", _tieout_caption(rows),
-                         svg, [c[0] for c in cols], _table(rows, cols), notes=list(audit.account.notes)))
+        out.append(_tieout_chart(audit.account, "Where the token goes: the tie-out"))
     for i, c in enumerate(audit.compared):
         cmp = c.comparison
         svg, rows = charts.regions(cmp)
@@ -226,11 +231,17 @@ def render_tune(tuned) -> str:
     chart = Chart("journey", "The journey", "Each bar the median whole token of the route with every setting above "
                   "it, judged against the route before it (each in a process of its own).",
                   svg, [c[0] for c in cols], _table(rows, cols))
+    shown = [chart]
+    if tuned.final_account:
+        acc = tuned.final_account
+        shown.append(_tieout_chart(acc, f"The route written, accounted on {tuned.target}: "
+                                        f"{'closes' if acc.closed else 'does not close'} "
+                                        f"(residual {acc.residual_us:+,.2f} µs)"))
     steps = [[Cell(str(s.round), True), Cell(s.family), Cell(s.setting + (" (joined the route)" if s.promoted else "")),
               Cell(s.verdict),
               *(Cell(_num(1e6 / us if us else None, 1), True) for us in (s.before_us, s.after_us)),
               Cell(sides_text(s.sides)), Cell(f"#{s.ledger_id}"), Cell("; ".join(s.reasons))]
              for s in tuned.steps if s.verdict]
     return _environment().get_template("tune.html.j2").render(
-        title=f"{Path(tuned.model).name} on {tuned.target}", tuned=tuned, charts=[chart], steps=steps,
+        title=f"{Path(tuned.model).name} on {tuned.target}", tuned=tuned, charts=shown, steps=steps,
         unjudged=[(u.family, u.why, u.settings) for u in tuned.not_judged()], version=__version__)

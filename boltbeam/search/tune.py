@@ -39,10 +39,11 @@ from statistics import median
 from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
-from boltbeam.errors import BadInput
+from boltbeam.errors import BadInput, Refused
 from boltbeam.judge.judge import reference_gate
 from boltbeam.judge.scope import ScopeKey
 from boltbeam.measure import route as routes
+from boltbeam.measure import trace as tracefile
 from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
 from boltbeam.route import gemv
@@ -96,6 +97,16 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
         return {**asdict(self), "before_tok_s": tok_s(self.before_us), "after_tok_s": tok_s(self.after_us)}
+
+
+@dataclass
+class Beside:
+    """Another engine's token at the tune's depth and tokens, profiled after the tune in a process of its own
+    (`tune --compare`): its median plain token, or why it has none."""
+    engine: str
+    trace: str
+    median_us: float | None = None
+    why: str | None = None
 
 
 @dataclass
@@ -220,6 +231,10 @@ class Tune:
     profiles: int = 0                # whole tokens profiled in this run
     out_of_time: bool = False
     seconds: float = 0.0
+    final_trace: str | None = None   # the profile of the route written (None: none was made in time)
+    final_account: Any = None        # account.tieout's Account of that profile on the target (None: none made, or
+    no_account: str | None = None    # refused before its lines: no_account says why)
+    beside: Beside | None = None     # --compare's engine, at the same depth
 
     @property
     def promoted(self) -> list[Step]:
@@ -232,7 +247,9 @@ class Tune:
 
     def to_dict(self) -> dict[str, Any]:
         tok_s = lambda us: 1e6 / us if us else None
-        return {**{k: v for k, v in asdict(self).items() if k != "steps"}, "steps": [s.to_dict() for s in self.steps],
+        return {**{k: v for k, v in asdict(self).items() if k not in ("steps", "final_account")},
+                "steps": [s.to_dict() for s in self.steps],
+                "final_account": self.final_account.to_dict() if self.final_account else None,
                 "start_tok_s": tok_s(self.start_us), "final_tok_s": tok_s(self.final_us)}
 
 
@@ -410,8 +427,36 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
             routes.save(beamed, folder / "route.json")
             on = str(folder / "route.json"), beamed
     record.final_us = record.promoted[-1].after_us if record.promoted else record.start_us
+    if baseline is not None:      # the route written, as profiled: its account on the target
+        record.final_trace = baseline[0]
+        try:
+            record.final_account = final_account(baseline[1], census, target, context)
+        except (BadInput, Refused) as e:
+            record.no_account = str(e)
+    else:
+        record.no_account = "no profile of the route was made in the time"
     record.seconds = round(time.monotonic() - started, 1)
     return record, on[1]
+
+
+def beside(engine_name: str, model: str, device: str, context: int, tokens: int, out: Path) -> Beside:
+    """The engine's token at the tune's depth and tokens, in a process of its own (`boltbeam profile --engine`):
+    its median plain token, or the line it refused with."""
+    from boltbeam.measure.tinygrad_run import profile_elsewhere
+    path = out / "traces" / f"{engine_name.replace('.', '_')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    why = profile_elsewhere(model, device, str(path), "--engine", engine_name, "--context", str(context),
+                            "--tokens", str(tokens))
+    if why is not None:
+        return Beside(engine_name, str(path), why=why)
+    return Beside(engine_name, str(path), median(tracefile.load(str(path)).token_wall_us))
+
+
+def final_account(trace: Trace, census, target: Target, context: int):
+    """The account of the written route's profile on the target (account.tieout), as `boltbeam account` makes it."""
+    from boltbeam.account.tieout import account
+    from boltbeam.bound.roofline import bound
+    return account(trace, bound(census, target, context=context, batch=1), target)
 
 
 def beam_reserve(baseline, processes: int, elapsed_s: float, profiles: int) -> float:
@@ -433,7 +478,8 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     cache; all but a first batch only where its change is under `decisive`).
     Promoted, the route carries the kernels as that run compiled them (judged_by), so a load rebuilds them without
     searching. A verdict the ledger holds in this scope is read, not timed again. Returns the step, the route it
-    leaves (None: unchanged) and the baseline (profiled here where none was)."""
+    leaves (None: unchanged) and that route's profile (BEAM's run where promoted, else the baseline, profiled here
+    where none was)."""
     route_on = on[1]
     scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes,
                                    decisive), target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
@@ -468,7 +514,8 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     if step.verdict != "promote":
         return step, None, baseline
     step.promoted = True
-    return step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace), baseline
+    return (step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace),
+            (trace, tracefile.load(trace)) if trace else baseline)
 
 
 def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int,
