@@ -458,11 +458,14 @@ def test_beam_is_the_last_step_and_a_promoted_route_carries_what_it_chose(tiny_m
         assert route.beam == 1 and route.compiled and route.load_beam() == 0 and done["final_us"] == last["after_us"]
     else:
         assert route.beam == 0 and not route.compiled
+    # The route written is accounted from its own profile: BEAM's run where BEAM joined it, else the route before.
+    assert done["final_trace"] == (profiles[4] if last["promoted"] else profiles[1] if before["promoted"] else profiles[0])
     route_bytes = (out / "route.json").read_bytes()
     profiles.clear()
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
     assert profiles == [] and (out / "route.json").read_bytes() == route_bytes
+    assert again["final_trace"] == done["final_trace"]
     assert [(s["setting"], s["verdict"], s["timed"]) for s in again["steps"]][-1] == ("width=1", last["verdict"], False)
     assert [s["sides"] for s in again["steps"]] == [[2, 2], [2, 2]]       # read back from the ledger's evidence
 

@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
-from statistics import median
+from statistics import StatisticsError, median
 from typing import Any, Callable
 
 from boltbeam.bound.targets import Target
@@ -434,7 +434,8 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         except (BadInput, Refused) as e:
             record.no_account = str(e)
     else:
-        record.no_account = "no profile of the route was made in the time"
+        record.no_account = ("no profile of the route was made in the time" if record.out_of_time else
+                             "no profile of the route written is here to read (gone, or of another run)")
     record.seconds = round(time.monotonic() - started, 1)
     return record, on[1]
 
@@ -447,9 +448,12 @@ def beside(engine_name: str, model: str, device: str, context: int, tokens: int,
     path.parent.mkdir(parents=True, exist_ok=True)
     why = profile_elsewhere(model, device, str(path), "--engine", engine_name, "--context", str(context),
                             "--tokens", str(tokens))
-    if why is not None:
-        return Beside(engine_name, str(path), why=why)
-    return Beside(engine_name, str(path), median(tracefile.load(str(path)).token_wall_us))
+    if why is None:
+        try:
+            return Beside(engine_name, str(path), median(tracefile.load(str(path)).token_wall_us))
+        except (BadInput, StatisticsError) as e:       # said, not raised: the tune's own files are still written
+            why = str(e) or "no plain token in its trace"
+    return Beside(engine_name, str(path), why=why)
 
 
 def final_account(trace: Trace, census, target: Target, context: int):
@@ -478,8 +482,8 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     cache; all but a first batch only where its change is under `decisive`).
     Promoted, the route carries the kernels as that run compiled them (judged_by), so a load rebuilds them without
     searching. A verdict the ledger holds in this scope is read, not timed again. Returns the step, the route it
-    leaves (None: unchanged) and that route's profile (BEAM's run where promoted, else the baseline, profiled here
-    where none was)."""
+    leaves (None: unchanged) and that route's profile (BEAM's run where promoted, None where that is gone; else the
+    baseline, profiled here where none was)."""
     route_on = on[1]
     scope = FamilyScope(TokenScope(sha, device, engine(), BEAM, context, tokens, route_settings(route_on), processes,
                                    decisive), target.name, BEAM_STEP, label_of(route_on, BEAM), reference)
@@ -514,8 +518,13 @@ def beam_step(model: str, device: str, target: Target, context: int, tokens: int
     if step.verdict != "promote":
         return step, None, baseline
     step.promoted = True
-    return (step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace),
-            (trace, tracefile.load(trace)) if trace else baseline)
+    profiled = None      # the BEAM run's profile, where it is still here and ran this route
+    if trace and Path(trace).is_file():
+        try:
+            profiled = (trace, baseline_of(trace, sha, device, context, width, route_on))
+        except BadInput:
+            pass
+    return step, routes.judged_by(dataclasses.replace(route_on, beam=width), trace), profiled
 
 
 def ledger_profile(ledger, on: tuple[str, Route], sha: str, device: str, context: int, tokens: int,
