@@ -47,10 +47,14 @@ def settings(route: tuple[str, Route] | None, flags=Flags()) -> dict[str, Any]:
         setting = f.from_flag(given) or from_route.get(f.key)
         if setting is not None:
             chosen[f.key] = setting
-    for f in FAMILIES:
-        if f.key in chosen and f.needs and not f.needs.holds(chosen):
-            raise BadInput(f"{f.flag} {chosen[f.key].flag} builds on {f.needs.what}: it needs {f.needs.flags}")
+    if f := unmet(chosen):
+        raise BadInput(f"{f.flag} {chosen[f.key].flag} builds on {f.needs.what}: it needs {f.needs.flags}")
     return chosen
+
+
+def unmet(chosen: Mapping[str, Any]) -> Family | None:
+    """The first family of these settings (by key) that builds on what the others do not give it; None where none."""
+    return next((f for f in FAMILIES if f.key in chosen and f.needs and not f.needs.holds(chosen)), None)
 
 
 def stored(chosen: Mapping[str, Any]) -> dict[str, Any]:

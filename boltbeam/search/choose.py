@@ -38,7 +38,7 @@ from boltbeam.measure.trace import Trace
 from boltbeam.measure.route import LAYOUT_LABEL, Route, engine, routed_label
 from boltbeam.measure.tinygrad_run import profile_elsewhere
 from boltbeam.route import gemv
-from boltbeam.route.families import BY_NAME, labels, of_route
+from boltbeam.route.families import BY_NAME, labels, of_route, unmet
 from boltbeam.route.family import Family
 from boltbeam.route.gemv import Geometry
 from boltbeam.route.layout import WRITTEN_BY, Setting
@@ -405,9 +405,8 @@ def _breaks(family: Family, settings_on: dict[str, Any], setting) -> str | None:
     """Why a route of these settings (by family key) cannot take the family at `setting`: another family on it
     builds on what the setting takes away (a layout not of the kernel form under gemv's geometries); None where
     nothing does."""
-    chosen = {**settings_on, family.key: setting}
-    broken = [f for f in BY_NAME.values() if f.key in chosen and f.needs and not f.needs.holds(chosen)]
-    return f"the route's {broken[0].name} builds on {broken[0].needs.what}" if broken else None
+    broken = unmet({**settings_on, family.key: setting})
+    return f"the route's {broken.name} builds on {broken.needs.what}" if broken else None
 
 
 def _same_setting(stored, current) -> bool:
