@@ -105,7 +105,7 @@ def test_the_selector_leaves_the_rest_to_tinygrad():
     """A prefill (more than one query position), and a batch of two with the generated kernels, are not the
     decode step the forms compute: the selector gives None and the hook calls tinygrad's own."""
     from tinygrad import Tensor
-    q1, q3 = Tensor.empty(1, HEADS, 1, HEAD_DIM), Tensor.empty(1, HEADS, 3, HEAD_DIM)
+    q3 = Tensor.empty(1, HEADS, 3, HEAD_DIM)
     kv = Tensor.empty(1, KV_HEADS, 8, HEAD_DIM)
     kernel, tensor_code = attention.Split(CHUNK, kernel=True), attention.Split(CHUNK)
     assert attention.decode_attention(kernel, q3, kv, kv, TOTAL) is None
