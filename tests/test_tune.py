@@ -134,11 +134,9 @@ def test_tune_composes_the_route_and_a_second_tune_times_nothing(tiny_model, tmp
         assert len(led.entries()) == len(entries)
 
 
-def test_rounds_on_a_route_that_did_not_change_are_read_back_in_their_own_rounds(tiny_model, tmp_path, monkeypatch):
-    """Nothing promoted, each round judges the family's next best on the same route, so the ledger holds every
-    verdict in one scope: a second tune reads each in the round it ran in, times nothing, and writes the same
-    steps. Without a budget the rounds go on until every legal setting is judged. (Profiles and verdicts faked:
-    what is tested is the order and the ledger.)"""
+def fake_judging(monkeypatch, verdict: str) -> list[str]:
+    """Every whole-token profile skipped and every verdict `verdict`, kept in the ledger as the judge keeps it: the
+    candidates judged, in order."""
     from types import SimpleNamespace
     from boltbeam.judge.scope import ScopeKey
     timed = []
@@ -148,10 +146,34 @@ def test_rounds_on_a_route_that_did_not_change_are_read_back_in_their_own_rounds
     def judged(model, device, ledger, candidate, key, *rest):
         timed.append(candidate)
         scope = {**key, ScopeKey.MEDIAN_US: 100.0, ScopeKey.BASELINE_MEDIAN_US: 90.0}
-        entry = ledger.append(candidate=candidate, verdict="inconclusive", reasons=["fake"], scope=scope, evidence=[],
+        entry = ledger.append(candidate=candidate, verdict=verdict, reasons=["fake"], scope=scope, evidence=[],
                               reopen=None, actor="test")
-        return SimpleNamespace(verdict="inconclusive", reasons=["fake"]), 90.0, 100.0, entry, (1, 1)
+        return SimpleNamespace(verdict=verdict, reasons=["fake"]), 90.0, 100.0, entry, (1, 1)
     monkeypatch.setattr(choose, "profile_and_judge", judged)
+    return timed
+
+
+def test_a_later_round_leaves_a_family_others_build_on_as_it_is(tiny_model, tmp_path, monkeypatch):
+    """Every setting promoted (faked): the layout of the kernel form joins the route, gemv's geometry goes on it; in the
+    second round gemv's next geometry is judged, the layout is not changed under it, and says why."""
+    timed = fake_judging(monkeypatch, "promote")
+    census, target = take_census(tiny_model), get_target("h200")       # its calibration ranks the kernel form first
+    with Ledger(tmp_path / "l.sqlite") as led:
+        done, route = tune.tune(tiny_model, census, "CPU", target, 4, 5, led, "sha", tmp_path, [layout.FAMILY,
+                                BY_NAME["gemv"]], 2, 10.0)
+    assert [(s.family, s.round) for s in done.steps] == [("repacked_layout", 1), ("gemv", 1), ("gemv", 2)]
+    assert len(timed) == 3 and route.families["layout"]["form"] == "kernel"
+    held = {u.family: u.why for u in done.unjudged}
+    assert held["repacked_layout"] == f"{tune.HELD}: gemv builds on it"
+    assert held["gemv"].startswith(choose.BEYOND_BUDGET)
+
+
+def test_rounds_on_a_route_that_did_not_change_are_read_back_in_their_own_rounds(tiny_model, tmp_path, monkeypatch):
+    """Nothing promoted, each round judges the family's next best on the same route, so the ledger holds every
+    verdict in one scope: a second tune reads each in the round it ran in, times nothing, and writes the same
+    steps. Without a budget the rounds go on until every legal setting is judged. (Profiles and verdicts faked:
+    what is tested is the order and the ledger.)"""
+    timed = fake_judging(monkeypatch, "inconclusive")
     census, target = take_census(tiny_model), get_target("host-like", [CPU_TARGETS])
     ranked = [c.setting.flag for c in choose.foreseen(layout.FAMILY, census, 4, target)[0]]
 
@@ -175,8 +197,8 @@ def test_rounds_on_a_route_that_did_not_change_are_read_back_in_their_own_rounds
 
 
 def test_a_later_rounds_setting_keeps_what_the_route_builds_on_and_the_time_beams_step_needs():
-    """A layout not of the kernel form is no setting for a route whose gemv geometry builds on the kernel form; the
-    time kept for BEAM's step is a side's processes and its search, each as long as the route's profile took (the
+    """A layout not of the kernel form is no setting for a route whose gemv geometry builds on the kernel form, and
+    later rounds leave a family others on the route build on as it is; the time kept for BEAM's step is a side's processes and its search, each as long as the route's profile took (the
     mean profile of the tune where that recorded no phases)."""
     from types import SimpleNamespace
     from boltbeam.measure.trace import Phases
@@ -185,6 +207,10 @@ def test_a_later_rounds_setting_keeps_what_the_route_builds_on_and_the_time_beam
     assert choose._breaks(layout.FAMILY, on, layout.Setting("float16", "expanded")) == \
         "the route's gemv builds on the layout's generated kernel"
     assert choose._breaks(layout.FAMILY, on, layout.Setting("float32", "kernel", "stacked")) is None
+    # Nor does a later round change the layout under the geometries timed on its products: gemv builds on it.
+    from boltbeam.route.families import built_on
+    assert built_on(layout.FAMILY, on) is gemv.FAMILY and built_on(gemv.FAMILY, on) is None
+    assert built_on(layout.FAMILY, {"layout": on["layout"], "constants_once": BY_NAME["constants_once"].from_flag(True)}) is None
     profiled = ("b.json", SimpleNamespace(provenance=SimpleNamespace(phases=Phases(1, 2, 3, 4, 0, 5))))
     assert tune.beam_reserve(profiled, 2, 600.0, 10) == 15 * (2 + tune.BEAM_SEARCH)
     assert tune.beam_reserve(None, 2, 600.0, 10) == 60 * (2 + tune.BEAM_SEARCH)

@@ -57,6 +57,12 @@ def unmet(chosen: Mapping[str, Any]) -> Family | None:
     return next((f for f in FAMILIES if f.key in chosen and f.needs and not f.needs.holds(chosen)), None)
 
 
+def built_on(family: Family, chosen: Mapping[str, Any]) -> Family | None:
+    """A family of these settings (a route's, whose needs hold) that builds on `family`'s setting: one the others
+    would not give what it needs without it; None where none does."""
+    return unmet({key: setting for key, setting in chosen.items() if key != family.key})
+
+
 def stored(chosen: Mapping[str, Any]) -> dict[str, Any]:
     """The settings as a route file keeps them, by key."""
     return {key: setting.stored() for key, setting in chosen.items()}

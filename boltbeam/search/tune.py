@@ -48,7 +48,7 @@ from boltbeam.measure.route import Route, engine
 from boltbeam.measure.trace import Trace
 from boltbeam.route import gemv
 from boltbeam.route.family import Family, Replaces
-from boltbeam.route.families import of_route
+from boltbeam.route.families import built_on, of_route
 from boltbeam.search.alone import Product
 from boltbeam.foresight.future import PER_KERNEL_FACT, WRITERS, calibration
 from boltbeam.search.choose import (BEYOND_BUDGET, EXCLUDED, OUT_OF_TIME, ROUTE_OWN, WHOLE_TOKEN, FamilyScope, Reference, Side,
@@ -58,6 +58,7 @@ from boltbeam.search.choose import (BEYOND_BUDGET, EXCLUDED, OUT_OF_TIME, ROUTE_
 
 BEAM = 0     # the families are judged on tinygrad's heuristics; BEAM, where asked for, is the last step (beam_step)
 BEAM_STEP = "beam"    # the step's name in tune.json and the ledger
+HELD = "not changed in a later round under the families built on it"     # an unjudged setting's reason (the start)
 # A BEAM step's search, in whole-token profiles of the route: on s22's H100 its first process took 102 s against
 # 33-40 s for the profiles before it (bench/h200/s22/run/tune/phases.json); tune keeps that much time for it.
 BEAM_SEARCH = 2
@@ -382,9 +383,11 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
     # Later rounds, while the budget (settings a family) and the time allow: each family of the first round again, in
     # its order, its best predicted setting not yet judged, on the route so far; a family whose last turn left nothing
     # unjudged is done. gemv's later turns are left out where its first judged a geometry for each product from their
-    # times alone (with `alone`): one geometry shared by every product is what those times already ranked. With BEAM
-    # asked for, no later round's setting starts where the time left would not hold BEAM's step (beam_reserve).
-    round_no, out_of_rounds = 2, False
+    # times alone (with `alone`): one geometry shared by every product is what those times already ranked. A family
+    # that another on the route builds on is not changed under it (the layout under gemv's geometries, which were
+    # timed on its products). With BEAM asked for, no later round's setting starts where the time left would not
+    # hold BEAM's step (beam_reserve).
+    round_no, out_of_rounds, held = 2, False, {}
     while budget is None or round_no <= budget:
         reserve = beam_reserve(baseline, processes, time.monotonic() - started, record.profiles) if beam else 0.0
         judged = 0
@@ -396,6 +399,9 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
                 check_on(family, *on, target)
             except BadInput:
                 continue
+            if above := built_on(family, of_route(on[1], on[0])):
+                held[family.name] = above.name
+                continue
             if time.monotonic() >= deadline - reserve:
                 out_of_rounds = True
                 break
@@ -403,16 +409,18 @@ def tune(model: str, census, device: str, target: Target, context: int, tokens: 
         if out_of_rounds or not judged:
             break
         round_no += 1
-    # What each family's last turn left: out of time where the rounds stopped for it before the family's budget was
-    # spent, else past the budget (the settings it judged, FutureSight's best).
+    # What each family's last turn left: held where another on the route builds on it, out of time where the rounds
+    # stopped for it before the family's budget was spent, else past the budget (the settings it judged, FutureSight's
+    # best).
     record.out_of_time |= out_of_rounds
     for name, left_by in unjudged.items():
         judged_here = sum(1 for s in record.steps if s.family == name and s.verdict)
         spent = (budget is not None and judged_here >= budget) or (name == gemv.FAMILY.name and alone)
         for why, n in left_by.items():
             if why.startswith(BEYOND_BUDGET):
-                why = OUT_OF_TIME if out_of_rounds and not spent else \
-                    f"{BEYOND_BUDGET}: FutureSight kept the {judged_here} best predicted setting(s)"
+                why = (f"{HELD}: {held[name]} builds on it" if name in held and not spent else
+                       OUT_OF_TIME if out_of_rounds and not spent else
+                       f"{BEYOND_BUDGET}: FutureSight kept the {judged_here} best predicted setting(s)")
             record.unjudged.append(Unjudged(name, why, n))
     if beam:
         folder = out / "traces" / f"{turns + 1}_{BEAM_STEP}"
