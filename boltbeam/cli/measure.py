@@ -125,9 +125,16 @@ def check_reference(engine: str = "tinygrad") -> None:
     """--reference (profile, audit, tune): one line, before minutes of profiling, where llama.cpp cannot decode."""
     if engine != "tinygrad":
         raise BadInput("--reference compares tinygrad's tokens with llama.cpp's: not with --engine llama.cpp")
+    check_llama_cpp("--reference", "decodes through llama.cpp")
+
+
+def check_llama_cpp(flag: str, does: str, device: str | None = None) -> None:
+    """One line, before minutes of work, where `flag` cannot run llama.cpp here: on a device other than CUDA, where
+    `device` is given (llama.cpp's kernels are timed through CUPTI), or without its Python binding."""
+    if device is not None and device != "CUDA":
+        raise BadInput(f"{flag} times llama.cpp's kernels through CUPTI: it needs --device CUDA")
     if importlib.util.find_spec("llama_cpp") is None:
-        raise BadInput("--reference decodes through llama.cpp: it needs llama-cpp-python (pip install "
-                       "llama-cpp-python)")
+        raise BadInput(f"{flag} {does}: it needs llama-cpp-python (pip install llama-cpp-python)")
 
 
 def reference(trace: Trace, model: str):

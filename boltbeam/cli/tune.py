@@ -3,7 +3,6 @@ time budget; the route, the record of every step and the journey's page."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 
 from rich.markup import escape
@@ -103,11 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.reference:
         from boltbeam.cli.measure import check_reference
         check_reference()
-    if args.compare and args.device != "CUDA":
-        raise BadInput(f"--compare {args.compare} times llama.cpp's kernels through CUPTI: it needs --device CUDA")
-    if args.compare and importlib.util.find_spec("llama_cpp") is None:
-        raise BadInput(f"--compare {args.compare} profiles llama.cpp's token: it needs llama-cpp-python (pip install "
-                       "llama-cpp-python)")
+    if args.compare:
+        from boltbeam.cli.measure import check_llama_cpp
+        check_llama_cpp(f"--compare {args.compare}", "profiles llama.cpp's token", args.device)
     families = tunable(args.families.split(",") if args.families else None)
     model = resolve_model(args)
     target = get_target(args.target, args.targets)
